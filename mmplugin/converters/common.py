@@ -1,0 +1,131 @@
+"""Format-independent checkpoint helpers: unwrap containers, strip prefixes, compare against a model.
+
+All functions are pure: they take and return plain ``dict[str, Tensor]`` and never touch a model's parameters.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+
+from ..checkpoint import CheckpointError
+
+__all__ = ['unwrap_state_dict', 'strip_prefixes', 'LoadPlan', 'plan_load', 'rename_keys']
+
+_CONTAINER_KEYS = ('state_dict', 'model', 'model_ema', 'module')
+
+
+def unwrap_state_dict(ckpt: object, prefix: str | None = None) -> dict[str, torch.Tensor]:
+    """Return the tensor dict inside a checkpoint, whatever its container.
+
+    Accepts a raw state dict, ``{'state_dict': ...}`` (mmengine), ``{'model': ...}`` (official Swin and SwiftFormer
+    releases, timm training scripts), ``{'module': ...}``; removes ``module.`` (DataParallel) prefixes; when the
+    keys carry ``backbone.`` (a whole detector or segmentor), keeps only the backbone's keys. ``prefix`` selects
+    keys explicitly (mmengine's ``init_cfg=dict(type='Pretrained', prefix='backbone.')``).
+
+    Raises:
+        CheckpointError: the object holds no tensor dict.
+    """
+    sd = ckpt
+    for _ in range(2):  # e.g. {'state_dict': {'model': ...}} exists in the wild
+        if isinstance(sd, Mapping):
+            for key in _CONTAINER_KEYS:
+                if key in sd and isinstance(sd[key], Mapping) and sd[key]:
+                    sd = sd[key]
+                    break
+    if not isinstance(sd, Mapping) or not sd:
+        raise CheckpointError(f'the checkpoint holds no state dict (got {type(ckpt).__name__}'
+                              f'{" with keys " + str(list(ckpt)[:8]) if isinstance(ckpt, Mapping) else ""})')
+    tensors = {str(k): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
+    if not tensors:
+        raise CheckpointError(f'the checkpoint has no tensors (keys: {list(sd)[:8]})')
+    tensors = strip_prefixes(tensors, ('module.', ))
+    if prefix:
+        tensors = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        if not tensors:
+            raise CheckpointError(f'no key in the checkpoint starts with prefix {prefix!r}')
+    elif any(k.startswith('backbone.') for k in tensors):
+        tensors = {k[len('backbone.'):]: v for k, v in tensors.items() if k.startswith('backbone.')}
+    return tensors
+
+
+def strip_prefixes(sd: dict[str, torch.Tensor], prefixes: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """Remove any of ``prefixes`` from the start of every key (repeatedly, e.g. ``module.module.``)."""
+    out = {}
+    for k, v in sd.items():
+        changed = True
+        while changed:
+            changed = False
+            for p in prefixes:
+                if k.startswith(p):
+                    k, changed = k[len(p):], True
+        out[k] = v
+    return out
+
+
+def rename_keys(sd: dict[str, torch.Tensor], rules: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+    """Apply ordered ``(regex, replacement)`` rules to every key."""
+    import re
+    compiled = [(re.compile(p), r) for p, r in rules]
+    out = {}
+    for k, v in sd.items():
+        for pat, rep in compiled:
+            k = pat.sub(rep, k)
+        out[k] = v
+    return out
+
+
+@dataclass
+class LoadPlan:
+    """What loading a converted state dict into a model will do."""
+    state_dict: dict[str, torch.Tensor]
+    missing: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        def fmt(keys):
+            return ', '.join(keys[:12]) + (f' ... (+{len(keys) - 12} more)' if len(keys) > 12 else '')
+        lines = [f'loaded {len(self.state_dict)} tensors']
+        lines.append(f'missing keys ({len(self.missing)}): {fmt(self.missing) or "none"}')
+        lines.append(f'unexpected keys ({len(self.unexpected)}): {fmt(self.unexpected) or "none"}')
+        return '\n'.join(lines)
+
+
+def plan_load(model_sd: Mapping[str, torch.Tensor], sd: dict[str, torch.Tensor], *, optional_missing=(),
+              arch_hint: str = '') -> LoadPlan:
+    """Compare ``sd`` with the model's own state dict and refuse what cannot load completely.
+
+    Args:
+        model_sd: ``model.state_dict()``.
+        sd: converted checkpoint.
+        optional_missing: key prefixes allowed to be absent (new layers such as output norms).
+        arch_hint: appended to error messages (e.g. "the model is arch 'l1'").
+
+    Raises:
+        CheckpointError: a shape differs (naming key and both shapes), or weights of the network body are missing
+            or left over, i.e. the checkpoint is for another arch or another model family.
+    """
+    hint = f' ({arch_hint})' if arch_hint else ''
+    bad = [(k, tuple(v.shape), tuple(model_sd[k].shape)) for k, v in sd.items()
+           if k in model_sd and v.shape != model_sd[k].shape]
+    if bad:
+        k, got, want = bad[0]
+        more = f' and {len(bad) - 1} more' if len(bad) > 1 else ''
+        raise CheckpointError(f'shape mismatch for {k!r}: checkpoint {got} vs model {want}{more}. The checkpoint is '
+                              f'most likely for another arch or window size{hint}.')
+    missing = [k for k in model_sd if k not in sd]
+    unexpected = [k for k in sd if k not in model_sd]
+    body_missing = [k for k in missing if not k.startswith(tuple(optional_missing))]
+    if len(body_missing) == len([k for k in model_sd if not k.startswith(tuple(optional_missing))]):
+        raise CheckpointError(f'none of the model\'s weights are in the checkpoint{hint}; it is for another model '
+                              f'family or layout (first keys: {list(sd)[:5]})')
+    if body_missing or unexpected:
+        parts = []
+        if body_missing:
+            parts.append(f'missing {len(body_missing)} (e.g. {body_missing[:4]})')
+        if unexpected:
+            parts.append(f'unexpected {len(unexpected)} (e.g. {unexpected[:4]})')
+        raise CheckpointError('the checkpoint does not fit the model: ' + '; '.join(parts) +
+                              f'. It is most likely for another arch{hint}; nothing was loaded.')
+    return LoadPlan({k: v for k, v in sd.items() if k in model_sd}, missing, unexpected)

@@ -1,0 +1,79 @@
+"""SwiftFormer checkpoint conversion: official release and timm layouts -> the plugin's layout (pure functions).
+
+Plugin layout: ``stem.{0,1,3,4}``, ``stages.{k}.downsample.{proj,norm}`` (k >= 1), ``stages.{k}.blocks.{j}.*``
+(official block parameter names, ``attn.proj`` lower-case), output norms ``norm{k}``.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from ..checkpoint import CheckpointError
+from .common import rename_keys
+
+__all__ = ['detect_swiftformer_layout', 'convert_swiftformer']
+
+_CLASSIFIER = ('head.', 'dist_head.', 'head_dist.')
+
+
+def detect_swiftformer_layout(sd: dict[str, torch.Tensor]) -> str:
+    """``'official'``, ``'timm'`` or ``'plugin'``; raises :class:`CheckpointError` for anything else."""
+    keys = list(sd)
+    if any(k.startswith('network.') for k in keys) and any(k.startswith('patch_embed.') for k in keys):
+        return 'official'
+    if any(k.startswith('stem.') for k in keys) and any(k.startswith('stages.') for k in keys):
+        if any(k.endswith('.gamma') for k in keys) or any(k.startswith('head_dist.') for k in keys):
+            return 'timm'
+        if any('.blocks.' in k and ('attn.w_g' in k or 'layer_scale' in k) for k in keys):
+            return 'plugin'
+    raise CheckpointError('not a SwiftFormer checkpoint (no official, timm or mmplugin SwiftFormer keys; '
+                          f'first keys: {keys[:5]})')
+
+
+def convert_swiftformer(sd: dict[str, torch.Tensor], out_indices=(0, 1, 2, 3),
+                        use_classifier_norm: bool = True) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Convert a SwiftFormer state dict of any supported layout to the plugin layout.
+
+    Args:
+        sd: unwrapped state dict (see :func:`mmplugin.converters.common.unwrap_state_dict`).
+        out_indices: the target model's outputs; decides which output norms exist.
+        use_classifier_norm: initialise the last output norm from the classifier's final ``norm`` (it normalises
+            the same stage-4 features). Defaults to True.
+
+    Returns:
+        ``(converted, dropped)``: the plugin-layout dict and the source keys left out (classifier heads, ...).
+    """
+    layout = detect_swiftformer_layout(sd)
+    dropped = [k for k in sd if k.startswith(_CLASSIFIER)]
+    sd = {k: v for k, v in sd.items() if not k.startswith(_CLASSIFIER)}
+    if layout == 'official':
+        out = {}
+        for k, v in sd.items():
+            m = re.match(r'network\.(\d+)\.(.*)', k)
+            if m:
+                n, rest = int(m.group(1)), m.group(2)
+                k = f'stages.{n // 2}.blocks.{rest}' if n % 2 == 0 else f'stages.{n // 2 + 1}.downsample.{rest}'
+            else:
+                fm = re.match(r'norm([0246])\.(.*)', k)  # fork_feat output norms norm0/2/4/6
+                if fm:
+                    k = f'norm{int(fm.group(1)) // 2}.{fm.group(2)}'
+            out[k] = v
+        sd = rename_keys(out, [(r'^patch_embed\.', 'stem.'), (r'\.attn\.Proj\.', '.attn.proj.')])
+    elif layout == 'timm':
+        sd = {(k[:-len('.gamma')] if k.endswith('.gamma') else k): v for k, v in sd.items()}
+        sd = {k: (v.reshape(-1, 1, 1) if 'layer_scale' in k and v.ndim == 1 else v) for k, v in sd.items()}
+    # classifier norm -> last output norm
+    cls_norm = [k for k in sd if k.startswith('norm.')]
+    last = 3
+    for k in cls_norm:
+        v = sd.pop(k)
+        if use_classifier_norm and last in tuple(out_indices) and f'norm{last}.' + k[5:] not in sd:
+            sd[f'norm{last}.' + k[5:]] = v
+        else:
+            dropped.append(k)
+    # output norms the model does not have
+    for k in [k for k in sd if re.match(r'norm\d\.', k) and int(k[4]) not in tuple(out_indices)]:
+        dropped.append(k)
+        del sd[k]
+    return sd, dropped

@@ -1,0 +1,355 @@
+"""SwiftFormer (Shaker et al., ICCV 2023, arXiv 2303.15446) as a dense-prediction backbone.
+
+Parameters and their semantics follow the official release (Amshaker/SwiftFormer, weights of July 2023 and the
+earlier generation), so official checkpoints load without conversion steps; the computation is reorganised for
+speed without changing the result:
+
+* tensors stay NCHW-logical in ``channels_last`` memory, so the additive attention's token view ``(B, H*W, C)`` is
+  a free reshape rather than a permute-copy, and the 1x1 convs run as GEMMs over contiguous channels;
+* the global query ``G`` is broadcast against the keys instead of being repeated over all tokens;
+* in eval mode every BatchNorm that uses running statistics is folded into its neighbouring conv on the fly,
+  and layer scales are folded into the last conv / linear of their branch (exact algebra, ~1e-7 relative);
+  ``switch_to_deploy()`` makes those folds permanent.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as cp
+from mmcv.cnn import build_norm_layer
+from mmengine.model.weight_init import trunc_normal_
+from torch import nn
+
+from ...converters.swiftformer import convert_swiftformer
+from ...registry import MODELS
+from ..layers import (DropPath, bn_conv1x1, conv_bn, fuse_bn_conv1x1_, fuse_conv_bn_, scale_output_,
+                      uses_running_stats)
+from .base import BaseBackbone
+
+
+def _bn(norm_cfg: dict, c: int) -> nn.Module:
+    return build_norm_layer(norm_cfg, c)[1]
+
+
+def _scaled_conv(x: torch.Tensor, conv: nn.Conv2d, scale: torch.Tensor | None) -> torch.Tensor:
+    """``scale * conv(x)`` with the per-channel ``scale`` (shape ``(C, 1, 1)``) folded into the conv."""
+    if scale is None:
+        return conv(x)
+    s = scale.reshape(-1)
+    return F.conv2d(x, conv.weight * s.view(-1, 1, 1, 1), None if conv.bias is None else conv.bias * s)
+
+
+class ConvEncoder(nn.Module):
+    """Convolutional encoder: ``x + ls * pw2(GELU(pw1(BN(dw3x3(x)))))``. Shapes ``(B, C, H, W)`` in and out.
+
+    Args:
+        dim (int): channels C.
+        mlp_ratio (float): hidden width factor of the pointwise convs.
+        norm_cfg (dict): norm after the depth-wise conv.
+        drop_path (float): stochastic depth (0 in the official schedule).
+    """
+
+    def __init__(self, dim: int, mlp_ratio: float = 4.0, norm_cfg: dict | None = None, drop_path: float = 0.0):
+        super().__init__()
+        hidden = int(dim * mlp_ratio)
+        self.dwconv = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
+        self.norm = _bn(norm_cfg or dict(type='BN'), dim)
+        self.pwconv1 = nn.Conv2d(dim, hidden, 1)
+        self.pwconv2 = nn.Conv2d(hidden, dim, 1)
+        self.layer_scale = nn.Parameter(torch.ones(dim, 1, 1))
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = conv_bn(x, self.dwconv, self.norm)
+        y = F.gelu(self.pwconv1(y))
+        return x + self.drop_path(_scaled_conv(y, self.pwconv2, self.layer_scale))
+
+    @torch.no_grad()
+    def switch_to_deploy(self) -> None:
+        if uses_running_stats(self.norm):
+            self.dwconv = fuse_conv_bn_(self.dwconv, self.norm)
+            self.norm = nn.Identity()
+        if self.layer_scale is not None:
+            scale_output_(self.pwconv2, self.layer_scale)
+            self.layer_scale = None
+
+
+class EfficientAdditiveAttention(nn.Module):
+    """Efficient additive attention on tokens ``x`` of shape ``(B, N, C)`` (paper eq. 4-6).
+
+    ``q, k = l2norm(Wq x), l2norm(Wk x)``; token scores ``a = q w_g / sqrt(C)``; weights ``A = l2norm_N(a)``
+    (``token_weighting='l2norm'``, the July-2023 official weights) or all ones (``'legacy_softmax'``: the first
+    release took a softmax over a size-1 axis); global query ``G = sum_n A_n q_n`` of shape ``(B, 1, C)``;
+    output ``final(proj(G * k) + q)``. ``out_scale`` (the block's layer scale, or None) is folded into ``final``.
+    """
+
+    def __init__(self, dim: int, token_weighting: str = 'l2norm'):
+        super().__init__()
+        if token_weighting not in ('l2norm', 'legacy_softmax'):
+            raise ValueError(f"token_weighting must be 'l2norm' or 'legacy_softmax', got {token_weighting!r}")
+        self.token_weighting = token_weighting
+        self.to_query = nn.Linear(dim, dim)
+        self.to_key = nn.Linear(dim, dim)
+        self.w_g = nn.Parameter(torch.randn(dim, 1))
+        self.scale = dim**-0.5
+        self.proj = nn.Linear(dim, dim)
+        self.final = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None) -> torch.Tensor:
+        q = F.normalize(self.to_query(x), dim=-1)  # (B, N, C)
+        k = F.normalize(self.to_key(x), dim=-1)  # (B, N, C)
+        if self.token_weighting == 'l2norm':
+            a = F.normalize((q @ self.w_g) * self.scale, dim=1)  # (B, N, 1)
+            g = a.transpose(1, 2) @ q  # (B, 1, C)
+        else:
+            g = q.sum(dim=1, keepdim=True)
+        out = self.proj(g * k) + q
+        if out_scale is None:
+            return self.final(out)
+        s = out_scale.reshape(-1)
+        return F.linear(out, self.final.weight * s[:, None], self.final.bias * s)
+
+
+class SwiftFormerEncoder(nn.Module):
+    """SwiftFormer encoder (last block of every stage): local representation, additive attention, conv MLP.
+
+    Shapes ``(B, C, H, W)`` in and out. Parameter names follow the official release.
+    """
+
+    def __init__(self, dim: int, mlp_ratio: float = 4.0, norm_cfg: dict | None = None, drop_path: float = 0.0,
+                 layer_scale_init: float = 1e-5, token_weighting: str = 'l2norm'):
+        super().__init__()
+        norm_cfg = norm_cfg or dict(type='BN')
+        self.local_representation = LocalRepresentation(dim, norm_cfg)
+        self.attn = EfficientAdditiveAttention(dim, token_weighting)
+        self.linear = ConvMlp(dim, int(dim * mlp_ratio), norm_cfg)
+        self.layer_scale_1 = nn.Parameter(torch.full((dim, 1, 1), layer_scale_init))
+        self.layer_scale_2 = nn.Parameter(torch.full((dim, 1, 1), layer_scale_init))
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.local_representation(x)
+        b, c, h, w = x.shape
+        # (B, C, H, W) channels_last -> (B, H*W, C) is a view; otherwise permute copies once.
+        tokens = x.permute(0, 2, 3, 1).reshape(b, h * w, c)
+        y = self.attn(tokens, self.layer_scale_1).reshape(b, h, w, c).permute(0, 3, 1, 2)
+        x = x + self.drop_path(y)
+        return x + self.drop_path(self.linear(x, self.layer_scale_2))
+
+    @torch.no_grad()
+    def switch_to_deploy(self) -> None:
+        self.local_representation.switch_to_deploy()
+        self.linear.switch_to_deploy(self.layer_scale_2)
+        scale_output_(self.attn.final, self.layer_scale_1)
+        self.layer_scale_1 = self.layer_scale_2 = None
+
+
+class LocalRepresentation(ConvEncoder):
+    """``x + ls * pw2(GELU(pw1(BN(dw3x3(x)))))`` with a C-wide hidden layer (the encoder's local mixing)."""
+
+    def __init__(self, dim: int, norm_cfg: dict):
+        super().__init__(dim, mlp_ratio=1.0, norm_cfg=norm_cfg)
+
+
+class ConvMlp(nn.Module):
+    """``fc2(GELU(fc1(BN(x))))`` with 1x1 convs; the BatchNorm comes first, as in the official code."""
+
+    def __init__(self, dim: int, hidden: int, norm_cfg: dict):
+        super().__init__()
+        self.norm1 = _bn(norm_cfg, dim)
+        self.fc1 = nn.Conv2d(dim, hidden, 1)
+        self.fc2 = nn.Conv2d(hidden, dim, 1)
+
+    def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None) -> torch.Tensor:
+        return _scaled_conv(F.gelu(bn_conv1x1(x, self.norm1, self.fc1)), self.fc2, out_scale)
+
+    @torch.no_grad()
+    def switch_to_deploy(self, out_scale: torch.Tensor | None) -> None:
+        if uses_running_stats(self.norm1):
+            self.fc1 = fuse_bn_conv1x1_(self.norm1, self.fc1)
+            self.norm1 = nn.Identity()
+        if out_scale is not None:
+            scale_output_(self.fc2, out_scale)
+
+
+class ConvNormAct(nn.Module):
+    """3x3 stride-2 conv, BatchNorm, optional ReLU: the stem halves and the downsamples between stages."""
+
+    def __init__(self, cin: int, cout: int, norm_cfg: dict, act: bool):
+        super().__init__()
+        self.proj = nn.Conv2d(cin, cout, 3, stride=2, padding=1)
+        self.norm = _bn(norm_cfg, cout)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = conv_bn(x, self.proj, self.norm)
+        return F.relu(x) if self.act else x
+
+    @torch.no_grad()
+    def switch_to_deploy(self) -> None:
+        if uses_running_stats(self.norm):
+            self.proj = fuse_conv_bn_(self.proj, self.norm)
+            self.norm = nn.Identity()
+
+
+class SwiftFormerStage(nn.Module):
+    """Optional stride-2 downsample, ``depth - 1`` ConvEncoders, one SwiftFormerEncoder."""
+
+    def __init__(self, in_dim: int, dim: int, depth: int, downsample: bool, dprs: Sequence[float], mlp_ratio: float,
+                 norm_cfg: dict, layer_scale_init: float, token_weighting: str):
+        super().__init__()
+        self.downsample = ConvNormAct(in_dim, dim, norm_cfg, act=False) if downsample else None
+        blocks: list[nn.Module] = [ConvEncoder(dim, mlp_ratio, norm_cfg) for _ in range(depth - 1)]
+        blocks.append(SwiftFormerEncoder(dim, mlp_ratio, norm_cfg, dprs[-1], layer_scale_init, token_weighting))
+        self.blocks = nn.Sequential(*blocks)
+
+
+@MODELS.register_module()
+class SwiftFormer(BaseBackbone):
+    """SwiftFormer backbone returning a 4-level pyramid (strides 4/8/16/32).
+
+    Paper: https://arxiv.org/abs/2303.15446. Weights: official releases (raw, ``'model'`` or ``'state_dict'``
+    containers; ``module.`` / ``backbone.`` prefixes), timm's ``swiftformer_*`` and this plugin's own format load
+    through ``init_cfg=dict(type='Pretrained', checkpoint=PATH)``.
+
+    Args:
+        arch (str | dict): ``'xs' | 's' | 'l1' | 'l3'`` (any case) or ``dict(depths=[4 ints], embed_dims=[4 ints])``.
+        in_channels (int): input channels. Defaults to 3.
+        out_indices (Sequence[int]): stages to return. Defaults to (0, 1, 2, 3).
+        mlp_ratio (float): MLP expansion. Defaults to 4.
+        drop_path_rate (float): stochastic depth; as in the official code only the attention block of each stage
+            gets ``rate * global_block_index / (total_blocks - 1)``. Defaults to 0.
+        layer_scale_init (float): initial attention / MLP layer scale. Defaults to 1e-5.
+        token_weighting (str): ``'l2norm'`` (current official weights) or ``'legacy_softmax'`` (weights released
+            before July 2023). Defaults to ``'l2norm'``.
+        norm_cfg (dict): every BatchNorm inside the network (``dict(type='SyncBN')`` for multi-GPU detection).
+            Defaults to ``dict(type='BN')``.
+        out_norm_cfg (dict | None): per-output norm (``None`` for none). Defaults to ``dict(type='BN')`` as in the
+            official ``fork_feat``.
+        frozen_stages (int): -1 none; 0 the stem; i the stem and stages 1..i (with their downsamples and output
+            norms). Applied at construction, kept through ``train()``. Defaults to -1.
+        norm_eval (bool): keep every BatchNorm in eval mode while training. Defaults to False.
+        with_cp (bool): gradient checkpointing per block. Defaults to False.
+        channels_last (bool): compute in channels_last memory format (faster on CPU and GPU). Defaults to True.
+        init_cfg (dict | None): e.g. ``dict(type='Pretrained', checkpoint=PATH)``.
+
+    Example:
+        >>> import torch
+        >>> model = SwiftFormer('xs').eval()
+        >>> [tuple(o.shape) for o in model(torch.rand(1, 3, 250, 330))]
+        [(1, 48, 63, 83), (1, 56, 32, 42), (1, 112, 16, 21), (1, 220, 8, 11)]
+    """
+
+    arch_zoo = {
+        'xs': dict(depths=[3, 3, 6, 4], embed_dims=[48, 56, 112, 220]),
+        's': dict(depths=[3, 3, 9, 6], embed_dims=[48, 64, 168, 224]),
+        'l1': dict(depths=[4, 3, 10, 5], embed_dims=[48, 96, 192, 384]),
+        'l3': dict(depths=[4, 4, 12, 6], embed_dims=[64, 128, 320, 512]),
+    }
+    arch_keys = ('depths', 'embed_dims')
+    converter = staticmethod(convert_swiftformer)
+
+    def __init__(self, arch: str | dict = 'l1', in_channels: int = 3, out_indices: Sequence[int] = (0, 1, 2, 3),
+                 mlp_ratio: float = 4.0, drop_path_rate: float = 0.0, layer_scale_init: float = 1e-5,
+                 token_weighting: str = 'l2norm', norm_cfg: dict | None = None,
+                 out_norm_cfg: dict | None = dict(type='BN'), frozen_stages: int = -1, norm_eval: bool = False,
+                 with_cp: bool = False, channels_last: bool = True, init_cfg=None):
+        super().__init__(init_cfg=init_cfg)
+        settings = self.resolve_arch(arch)
+        depths, dims = list(settings['depths']), list(settings['embed_dims'])
+        if any(int(d) < 1 for d in depths) or any(int(c) < 2 for c in dims):
+            raise ValueError(f'arch depths must be >= 1 and embed_dims >= 2, got depths={depths} embed_dims={dims}')
+        if not -1 <= frozen_stages <= self.num_stages:
+            raise ValueError(f'frozen_stages must be in -1..{self.num_stages}, got {frozen_stages}')
+        if not 0.0 <= drop_path_rate < 1.0:
+            raise ValueError(f'drop_path_rate must be in [0, 1), got {drop_path_rate}')
+        self.arch_name = arch if isinstance(arch, str) else 'custom'
+        self.depths, self.embed_dims = depths, dims
+        self.in_channels = in_channels
+        self.out_indices = self.check_out_indices(out_indices)
+        self.out_channels = [dims[i] for i in self.out_indices]
+        self.out_strides = [2**(i + 2) for i in self.out_indices]
+        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        self.channels_last = channels_last
+        norm_cfg = dict(norm_cfg or dict(type='BN'))
+
+        self.stem = nn.Sequential(
+            nn.Conv2d(in_channels, dims[0] // 2, 3, stride=2, padding=1), _bn(norm_cfg, dims[0] // 2), nn.ReLU(),
+            nn.Conv2d(dims[0] // 2, dims[0], 3, stride=2, padding=1), _bn(norm_cfg, dims[0]), nn.ReLU())
+        total = sum(depths)
+        self.stages = nn.ModuleList()
+        start = 0
+        for i, (depth, dim) in enumerate(zip(depths, dims)):
+            dprs = [drop_path_rate * (start + j) / max(total - 1, 1) for j in range(depth)]
+            self.stages.append(
+                SwiftFormerStage(dims[i - 1] if i else dim, dim, depth, i > 0, dprs, mlp_ratio, norm_cfg,
+                                 layer_scale_init, token_weighting))
+            start += depth
+        for i in self.out_indices:
+            self.add_module(f'norm{i}', _bn(out_norm_cfg, dims[i]) if out_norm_cfg else nn.Identity())
+        self._freeze_stages()
+
+    def _default_init(self) -> None:
+        # Official classification init: truncated-normal linears, zero biases; convs keep PyTorch's default.
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=0.02)
+                nn.init.zeros_(m.bias)
+
+    def _frozen_modules(self) -> list[nn.Module]:
+        mods: list[nn.Module] = []
+        if self.frozen_stages >= 0:
+            mods.append(self.stem)
+        for i in range(min(self.frozen_stages, self.num_stages)):
+            mods.append(self.stages[i])
+            if i in self.out_indices:
+                mods.append(getattr(self, f'norm{i}'))
+        return mods
+
+    def converter_kwargs(self) -> dict:
+        return dict(out_indices=self.out_indices)
+
+    def arch_description(self) -> str:
+        return f'the model is arch {self.arch_name!r} with embed_dims={self.embed_dims}, depths={self.depths}'
+
+    def _stem_forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = self.stem
+        x = F.relu(conv_bn(x, s[0], s[1]))
+        return F.relu(conv_bn(x, s[3], s[4]))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Args: x: images ``(B, in_channels, H, W)``. Returns: one ``(B, C_i, ceil(H/2^(i+2)), ...)`` per index."""
+        self.check_input(x, self.in_channels)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        x = self._stem_forward(x)
+        outs = []
+        for i, stage in enumerate(self.stages):
+            if stage.downsample is not None:
+                x = stage.downsample(x)
+            for blk in stage.blocks:
+                if self.with_cp and x.requires_grad and self.training:
+                    x = cp.checkpoint(blk, x, use_reentrant=False)
+                else:
+                    x = blk(x)
+            if i in self.out_indices:
+                outs.append(getattr(self, f'norm{i}')(x))
+        return tuple(outs)
+
+    @torch.no_grad()
+    def switch_to_deploy(self) -> 'SwiftFormer':
+        """Fold every foldable BatchNorm and all layer scales into convs / linears (inference only)."""
+        if self.training:
+            raise RuntimeError('switch_to_deploy() folds running statistics: call model.eval() first')
+        for idx in (0, 3):
+            if uses_running_stats(self.stem[idx + 1]):
+                self.stem[idx] = fuse_conv_bn_(self.stem[idx], self.stem[idx + 1])
+                self.stem[idx + 1] = nn.Identity()
+        for stage in self.stages:
+            if stage.downsample is not None:
+                stage.downsample.switch_to_deploy()
+            for blk in stage.blocks:
+                blk.switch_to_deploy()
+        return self

@@ -1,0 +1,89 @@
+"""Folding BatchNorm (in eval mode) and per-channel scales into the convolutions or linears next to them.
+
+``BN(conv(x)) == conv'(x)`` with ``w' = w * s`` and ``b' = (b - mean) * s + beta`` where
+``s = gamma / sqrt(var + eps)``; likewise ``conv(BN(x))`` for a 1x1 convolution. These are exact algebraic
+rewrites (differences are float rounding, ~1e-7 relative), used both on the fly in eval mode and permanently by
+``switch_to_deploy()``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+
+def bn_scale_shift(bn: _BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(s, t)`` with ``bn(x) == x * s + t`` per channel, from the running statistics. Shapes ``(C,)``."""
+    var = bn.running_var
+    s = torch.rsqrt(var + bn.eps)
+    if bn.weight is not None:
+        s = s * bn.weight
+    t = -bn.running_mean * s
+    if bn.bias is not None:
+        t = t + bn.bias
+    return s, t
+
+
+def uses_running_stats(norm: nn.Module) -> bool:
+    """True when ``norm`` is a BatchNorm that normalises with its running statistics (foldable)."""
+    return isinstance(norm, _BatchNorm) and not norm.training and norm.running_var is not None
+
+
+def folded_conv_bn(conv: nn.Conv2d, bn: _BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weight and bias of ``conv`` with the following eval-mode ``bn`` folded in."""
+    s, t = bn_scale_shift(bn)
+    w = conv.weight * s.view(-1, 1, 1, 1)
+    b = t if conv.bias is None else conv.bias * s + t
+    return w, b
+
+
+def conv_bn(x: torch.Tensor, conv: nn.Conv2d, bn: nn.Module) -> torch.Tensor:
+    """``bn(conv(x))``, as one convolution when ``bn`` uses running statistics."""
+    if uses_running_stats(bn):
+        w, b = folded_conv_bn(conv, bn)
+        return F.conv2d(x, w, b, conv.stride, conv.padding, conv.dilation, conv.groups)
+    return bn(conv(x))
+
+
+def bn_conv1x1(x: torch.Tensor, bn: nn.Module, conv: nn.Conv2d) -> torch.Tensor:
+    """``conv(bn(x))`` for a 1x1 ``conv``, as one convolution when ``bn`` uses running statistics."""
+    if uses_running_stats(bn):
+        s, t = bn_scale_shift(bn)
+        w2d = conv.weight.flatten(1)
+        b = w2d @ t
+        if conv.bias is not None:
+            b = b + conv.bias
+        return F.conv2d(x, conv.weight * s.view(1, -1, 1, 1), b)
+    return conv(bn(x))
+
+
+@torch.no_grad()
+def fuse_conv_bn_(conv: nn.Conv2d, bn: _BatchNorm) -> nn.Conv2d:
+    """Return a new conv equal to ``bn(conv(.))`` in eval mode (for deployment)."""
+    w, b = folded_conv_bn(conv, bn)
+    fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
+                      conv.dilation, conv.groups, bias=True).to(w)
+    fused.weight.copy_(w)
+    fused.bias.copy_(b)
+    return fused
+
+
+@torch.no_grad()
+def fuse_bn_conv1x1_(bn: _BatchNorm, conv: nn.Conv2d) -> nn.Conv2d:
+    """Return a new 1x1 conv equal to ``conv(bn(.))`` in eval mode (for deployment)."""
+    s, t = bn_scale_shift(bn)
+    fused = nn.Conv2d(conv.in_channels, conv.out_channels, 1, bias=True).to(conv.weight)
+    fused.weight.copy_(conv.weight * s.view(1, -1, 1, 1))
+    b = conv.weight.flatten(1) @ t
+    fused.bias.copy_(b if conv.bias is None else b + conv.bias)
+    return fused
+
+
+@torch.no_grad()
+def scale_output_(layer: nn.Conv2d | nn.Linear, scale: torch.Tensor) -> None:
+    """Multiply the outputs of ``layer`` by the per-channel ``scale`` (any shape with C elements), in place."""
+    s = scale.reshape(-1)
+    layer.weight.mul_(s.view(-1, *([1] * (layer.weight.ndim - 1))))
+    if layer.bias is not None:
+        layer.bias.mul_(s)

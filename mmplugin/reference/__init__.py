@@ -1,0 +1,1 @@
+"""Literal re-implementations of the official formulations: test oracles and speed baselines."""

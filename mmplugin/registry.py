@@ -1,0 +1,20 @@
+"""The plugin's registry node.
+
+``MODELS`` is a child of mmengine's root model registry with scope ``mmplugin``, so mmdet's and mmseg's registries
+(siblings under the same root) resolve ``type='mmplugin.SwiftFormer'`` without any copy of the classes being
+registered into their own tables. The scope prefix keeps our ``SwinTransformer`` apart from mmdet's, mmseg's and
+mmpretrain's classes of the same name.
+"""
+from mmengine.registry import MODELS as MMENGINE_MODELS
+from mmengine.registry import Registry
+
+MODELS = Registry('model', parent=MMENGINE_MODELS, scope='mmplugin', locations=['mmplugin.models'])
+
+__all__ = ['MODELS']
+
+from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS  # noqa: E402
+
+OPTIM_WRAPPER_CONSTRUCTORS = Registry('optimizer wrapper constructor', parent=MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS,
+                                      scope='mmplugin', locations=['mmplugin.optim'])
+
+__all__ += ['OPTIM_WRAPPER_CONSTRUCTORS']

@@ -1,0 +1,317 @@
+"""Issue 3: SwiftFormer backbone: shapes, exactness against the official formulation, weights, training options."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+from conftest import DATA, official_keys, randomize_, random_state_dict, rel_err
+
+from mmplugin.checkpoint import CheckpointError
+from mmplugin.converters import convert_swiftformer
+from mmplugin.models import SwiftFormer
+from mmplugin.reference.swiftformer import ReferenceSwiftFormer
+
+KEYS = DATA / 'official_keys_swiftformer.txt'
+# Official fork_feat parameter counts (four output BatchNorms, no classifier), from the issue.
+PARAMS = {'xs': 3_033_792, 's': 5_642_688, 'l1': 11_288_592, 'l3': 27_469_760}
+
+
+def _reference(arch='xs', legacy=False, seed=0):
+    s = SwiftFormer.arch_zoo[arch]
+    return randomize_(ReferenceSwiftFormer(s['depths'], s['embed_dims'], legacy_softmax=legacy), seed).eval()
+
+
+def _fresh_out_norms(ref):
+    """The official stage outputs followed by fresh output norms (weight 1, bias 0, mean 0, var 1)."""
+    for i in (0, 2, 4, 6):
+        getattr(ref, f'norm{i}').reset_parameters()
+        getattr(ref, f'norm{i}').reset_running_stats()
+    return ref
+
+
+def _official_classifier_sd(ref):
+    sd = {k: v for k, v in ref.state_dict().items() if not re.match(r'norm[0246]\.', k)}
+    c = ref.norm6.num_features
+    sd.update({'norm.weight': torch.rand(c) + 0.5, 'norm.bias': torch.randn(c), 'norm.running_mean': torch.randn(c),
+               'norm.running_var': torch.rand(c) + 0.5, 'norm.num_batches_tracked': torch.tensor(3),
+               'head.weight': torch.randn(1000, c), 'head.bias': torch.randn(1000),
+               'dist_head.weight': torch.randn(1000, c), 'dist_head.bias': torch.randn(1000)})
+    return sd
+
+
+@pytest.mark.parametrize('arch', ['xs', 's', 'l1', 'l3'])
+def test_param_count_equals_official_fork_feat(arch):
+    assert sum(p.numel() for p in SwiftFormer(arch).parameters()) == PARAMS[arch]
+
+
+@pytest.mark.parametrize('hw', [(224, 224), (227, 301), (513, 511), (33, 47)])
+def test_shapes_any_size(hw):
+    model = SwiftFormer('xs').eval()
+    outs = model(torch.rand(2, 3, *hw))
+    h, w = hw
+    for i, (o, c) in enumerate(zip(outs, [48, 56, 112, 220])):
+        s = 2**(i + 2)
+        assert o.shape == (2, c, -(-h // s), -(-w // s))
+    assert model.out_channels == [48, 56, 112, 220] and model.out_strides == [4, 8, 16, 32]
+
+
+def test_shapes_match_official_key_list_table():
+    text = KEYS.read_text()
+    model = SwiftFormer('xs').eval()
+    for m in re.finditer(r'fork_feat \((\d+), (\d+)\) (\[.*\])', text):
+        outs = model(torch.rand(1, 3, int(m.group(1)), int(m.group(2))))
+        assert str([tuple(o.shape) for o in outs]) == m.group(3)
+
+
+@pytest.mark.parametrize('legacy', [False, True])
+@pytest.mark.parametrize('hw', [(250, 330), (224, 224)])
+def test_exact_against_official_formulation(legacy, hw):
+    ref = _fresh_out_norms(_reference('xs', legacy))
+    model = SwiftFormer('xs', token_weighting='legacy_softmax' if legacy else 'l2norm').eval()
+    sd, _ = convert_swiftformer(ref.state_dict())
+    model.load_state_dict(sd, strict=True)
+    x = torch.randn(2, 3, *hw)
+    with torch.no_grad():
+        want, got = ref(x), model(x)
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < 1e-4
+    # the two weight generations really differ, so the option matters
+    other = SwiftFormer('xs', token_weighting='l2norm' if legacy else 'legacy_softmax').eval()
+    other.load_state_dict(sd)
+    with torch.no_grad():
+        assert rel_err(other(x)[3], want[3]) > 1e-3
+
+
+def test_exact_in_train_mode_too():
+    ref = _fresh_out_norms(_reference('xs')).train()
+    model = SwiftFormer('xs').train()
+    model.load_state_dict(convert_swiftformer(ref.state_dict())[0])
+    x = torch.randn(2, 3, 96, 128)
+    for a, b in zip(model(x), ref(x)):
+        assert rel_err(a, b) < 1e-4
+
+
+def test_switch_to_deploy_equal():
+    ref = _fresh_out_norms(_reference('xs'))
+    model = SwiftFormer('xs').eval()
+    model.load_state_dict(convert_swiftformer(ref.state_dict())[0])
+    x = torch.randn(1, 3, 250, 330)
+    with torch.no_grad():
+        want = ref(x)
+        model.switch_to_deploy()
+        got = model(x)
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for n, m in model.named_modules() if n.startswith('stages'))
+    assert not any('layer_scale' in n for n, _ in model.named_parameters())
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < 1e-4
+    with pytest.raises(RuntimeError, match='eval'):
+        SwiftFormer('xs').train().switch_to_deploy()
+
+
+# ------------------------------------------------------------------------------------------------ weights
+def _check_all_arrived(model, ref_sd, skip=()):
+    """Every official parameter arrived at its converted place, value for value."""
+    conv, _ = convert_swiftformer(dict(ref_sd))
+    msd = model.state_dict()
+    n = 0
+    for k, v in conv.items():
+        assert torch.equal(msd[k], v.reshape(msd[k].shape)), k
+        n += 1
+    body = [k for k in msd if not re.match(r'norm\d\.', k)]
+    assert all(k in conv for k in body)
+    return n
+
+
+def test_official_key_list_loads_every_parameter(tmp_path):
+    shapes = official_keys(KEYS, 'Full key list: SwiftFormer_XS')
+    assert len(shapes) == 316
+    sd = random_state_dict(shapes)
+    path = tmp_path / 'SwiftFormer_XS.pth'
+    torch.save(sd, path)
+    model = SwiftFormer('xs', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model.init_weights()
+    msd = model.state_dict()
+    # spot-check the mapping by name, then everything via the converter
+    assert torch.equal(msd['stem.0.weight'], sd['patch_embed.0.weight'])
+    assert torch.equal(msd['stages.1.downsample.proj.weight'], sd['network.1.proj.weight'])
+    assert torch.equal(msd['stages.3.blocks.3.attn.proj.weight'], sd['network.6.3.attn.Proj.weight'])
+    assert torch.equal(msd['norm3.running_var'], sd['norm.running_var'])  # classifier norm -> last output norm
+    assert _check_all_arrived(model, sd) == len(shapes) - 4  # heads dropped
+
+
+@pytest.mark.parametrize('container', ['raw', 'model', 'state_dict', 'module', 'backbone'])
+def test_containers_and_prefixes(tmp_path, container):
+    ref = _reference('xs', seed=3)
+    sd = _official_classifier_sd(ref)
+    if container == 'model':
+        obj = {'model': sd, 'epoch': 3}
+    elif container == 'state_dict':
+        obj = {'state_dict': sd}
+    elif container == 'module':
+        obj = {'model': {'module.' + k: v for k, v in sd.items()}}
+    elif container == 'backbone':
+        obj = {'state_dict': {**{'backbone.' + k: v for k, v in sd.items()}, 'neck.w': torch.zeros(1)}}
+    else:
+        obj = sd
+    path = tmp_path / 'ckpt.pth'
+    torch.save(obj, path)
+    model = SwiftFormer('xs', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model.init_weights()
+    _check_all_arrived(model, sd)
+
+
+def test_fork_feat_checkpoint_and_exactness(tmp_path):
+    ref = _reference('xs', seed=4)
+    path = tmp_path / 'fork.pth'
+    torch.save({'model': ref.state_dict()}, path)
+    model = SwiftFormer('xs', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model.init_weights()
+    model.eval()
+    x = torch.randn(1, 3, 130, 150)
+    with torch.no_grad():
+        for a, b in zip(model(x), ref(x)):
+            assert rel_err(a, b) < 1e-4
+
+
+def _to_timm(sd):
+    """Official -> timm layout, written from timm's documented mapping (anchors.md §3.4)."""
+    out = {}
+    for k, v in sd.items():
+        k = k.replace('patch_embed.', 'stem.').replace('dist_head.', 'head_dist.').replace('attn.Proj.', 'attn.proj.')
+        m = re.match(r'network\.(\d+)\.(.*)', k)
+        if m:
+            n = int(m.group(1))
+            k = f'stages.{n // 2}.blocks.{m.group(2)}' if n % 2 == 0 else f'stages.{n // 2 + 1}.downsample.{m.group(2)}'
+        if re.search(r'layer_scale(_\d)?$', k):
+            k, v = k + '.gamma', v.reshape(-1)
+        out[k] = v
+    return out
+
+
+def test_timm_layout(tmp_path):
+    ref = _reference('xs', seed=5)
+    sd = _official_classifier_sd(ref)
+    path = tmp_path / 'timm.pth'
+    torch.save(_to_timm(sd), path)
+    model = SwiftFormer('xs', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model.init_weights()
+    _check_all_arrived(model, sd)
+
+
+def test_plugin_layout_roundtrip(tmp_path):
+    model = randomize_(SwiftFormer('xs'), seed=6)
+    path = tmp_path / 'plugin.pth'
+    torch.save({'state_dict': model.state_dict()}, path)
+    other = SwiftFormer('xs', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    other.init_weights()
+    for k, v in model.state_dict().items():
+        assert torch.equal(other.state_dict()[k], v), k
+
+
+def test_wrong_arch_and_family_and_corrupt(tmp_path):
+    sd = _official_classifier_sd(_reference('xs'))
+    path = tmp_path / 'xs.pth'
+    torch.save(sd, path)
+    model = SwiftFormer('s', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    with pytest.raises(CheckpointError, match=r"shape mismatch for '.*': checkpoint \(.*\) vs model \(.*\).*arch"):
+        model.init_weights()
+    # same widths, other depths: nothing silently half-loaded
+    custom = SwiftFormer(dict(depths=[3, 3, 5, 4], embed_dims=[48, 56, 112, 220]),
+                         init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    before = {k: v.clone() for k, v in custom.state_dict().items()}
+    with pytest.raises(CheckpointError, match='unexpected'):
+        custom.init_weights()
+    assert all(torch.equal(before[k], v) for k, v in custom.state_dict().items()), 'partially loaded'
+    swin = tmp_path / 'swin.pth'
+    torch.save({'model': {'layers.0.blocks.0.attn.qkv.weight': torch.zeros(3, 3)}}, swin)
+    with pytest.raises(CheckpointError, match='not a SwiftFormer checkpoint'):
+        SwiftFormer('xs', init_cfg=dict(type='Pretrained', checkpoint=str(swin))).init_weights()
+    bad = tmp_path / 'bad.pth'
+    bad.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match='corrupt'):
+        SwiftFormer('xs', init_cfg=dict(type='Pretrained', checkpoint=str(bad))).init_weights()
+
+
+# ------------------------------------------------------------------------------------------------ training options
+def test_frozen_stages_no_grad_and_bn_stats_kept():
+    model = SwiftFormer('xs', frozen_stages=2)
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    assert frozen and all(n.startswith(('stem.', 'stages.0.', 'stages.1.', 'norm0.', 'norm1.')) for n in frozen)
+    assert all(p.requires_grad for n, p in model.named_parameters() if n.startswith(('stages.2.', 'stages.3.')))
+    model.train()
+    stats = {k: v.clone() for k, v in model.state_dict().items() if 'running' in k}
+    outs = model(torch.randn(2, 3, 64, 64))
+    sum(o.sum() for o in outs).backward()
+    after = model.state_dict()
+    for k, v in stats.items():
+        if k.startswith(('stem.', 'stages.0.', 'stages.1.')):
+            assert torch.equal(after[k], v), k
+    assert not torch.equal(after['stages.3.blocks.0.norm.running_mean'], stats['stages.3.blocks.0.norm.running_mean'])
+    assert all(p.grad is None for n, p in model.named_parameters() if n in frozen)
+
+
+def test_norm_eval():
+    model = SwiftFormer('xs', norm_eval=True).train()
+    assert all(not m.training for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d))
+    assert model.training
+
+
+def test_with_cp_same_outputs_and_grads():
+    torch.manual_seed(1)
+    a = randomize_(SwiftFormer('xs', drop_path_rate=0.0), seed=7).train()
+    b = SwiftFormer('xs', with_cp=True).train()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 3, 64, 80, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    oa, ob = a(x), b(x2)
+    for p, q in zip(oa, ob):
+        assert rel_err(q, p) < 1e-5
+    sum((o * o).mean() for o in oa).backward()
+    sum((o * o).mean() for o in ob).backward()
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        assert rel_err(q.grad, p.grad) < 1e-4, n
+    assert rel_err(x2.grad, x.grad) < 1e-4
+
+
+def test_drop_path_schedule_only_on_attention_blocks():
+    model = SwiftFormer('xs', drop_path_rate=0.2)
+    total = sum(model.depths)
+    seen = 0
+    for stage in model.stages:
+        for j, blk in enumerate(stage.blocks):
+            expected = 0.2 * (seen + j) / (total - 1) if j == len(stage.blocks) - 1 else 0.0
+            assert blk.drop_path.p == pytest.approx(expected)
+        seen += len(stage.blocks)
+
+
+def test_bf16_autocast_forward_backward_finite():
+    model = SwiftFormer('xs').train()
+    x = torch.randn(2, 3, 96, 96)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(x)
+        loss = sum(o.float().pow(2).mean() for o in outs)
+    loss.backward()
+    assert all(torch.isfinite(o.float()).all() for o in outs)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(arch='xl'), r"unknown arch 'xl'.*\['l1', 'l3', 's', 'xs'\]"),
+    (dict(arch=dict(depths=[1, 2, 3, 4])), 'lacks'),
+    (dict(arch=dict(depths=[1, 2, 3], embed_dims=[8, 8, 8])), 'must have 4 entries'),
+    (dict(arch='xs', out_indices=(4, )), 'out_indices'),
+    (dict(arch='xs', frozen_stages=7), 'frozen_stages'),
+    (dict(arch='xs', token_weighting='softmax'), 'token_weighting'),
+])
+def test_bad_construction(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        SwiftFormer(**kwargs)
+
+
+def test_bad_input():
+    model = SwiftFormer('xs')
+    with pytest.raises(ValueError, match='expected 3 input channels, got 1'):
+        model(torch.rand(1, 1, 64, 64))
+    with pytest.raises(ValueError, match=r'shape \(N, 3, H, W\)'):
+        model(torch.rand(3, 64, 64))

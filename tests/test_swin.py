@@ -1,0 +1,283 @@
+"""Issue 4: Swin V1/V2: any size, equality with mmdet's Swin and the official formulation, every weight layout."""
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import DATA, official_keys, randomize_, random_state_dict, rel_err
+
+from mmplugin.checkpoint import CheckpointError
+from mmplugin.models import SwinTransformer, SwinTransformerV2
+from mmplugin.reference.swin import ReferenceSwin
+
+KEYS = DATA / 'official_keys_swin.txt'
+TINY = dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24])
+SMALL_ARCH = dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8])
+
+
+def _pair(v2, arch=SMALL_ARCH, ws=7, pws=0, seed=0):
+    cls = SwinTransformerV2 if v2 else SwinTransformer
+    model = cls(arch, window_size=ws, drop_path_rate=0.0, **({'pretrained_window_size': pws} if v2 else {}))
+    randomize_(model, seed)
+    ref = ReferenceSwin(arch['embed_dims'], arch['depths'], arch['num_heads'], ws, v2, pws).eval()
+    ref.load_state_dict(model.state_dict(), strict=True)
+    return model.eval(), ref
+
+
+# ------------------------------------------------------------------------------------------------ exactness
+@pytest.mark.parametrize('v2', [False, True])
+@pytest.mark.parametrize('ws,hw', [(7, (250, 330)), (12, (410, 300)), (7, (20, 28)), (7, (13, 9)), (8, (64, 64))])
+def test_equal_to_official_formulation(v2, ws, hw):
+    model, ref = _pair(v2, ws=ws)
+    x = torch.randn(2, 3, *hw)
+    with torch.no_grad():
+        for a, b in zip(model(x), ref(x)):
+            assert a.shape == b.shape
+            assert rel_err(a, b) < 1e-4
+
+
+def test_v2_pretrained_window_size_changes_the_bias():
+    model, ref = _pair(True, ws=12, pws=8)
+    x = torch.randn(1, 3, 200, 170)
+    with torch.no_grad():
+        got = model(x)
+        for a, b in zip(got, ref(x)):
+            assert rel_err(a, b) < 1e-4
+        same = SwinTransformerV2(SMALL_ARCH, window_size=12, pretrained_window_size=12, drop_path_rate=0.).eval()
+        same.load_state_dict(model.state_dict())
+        assert rel_err(same(x)[0], got[0]) > 1e-4
+
+
+def test_sizes_change_between_calls_no_stale_mask():
+    model, ref = _pair(False)
+    with torch.no_grad():
+        for hw in [(250, 330), (64, 64), (90, 77), (250, 330), (17, 200)]:
+            x = torch.randn(1, 3, *hw)
+            for a, b in zip(model(x), ref(x)):
+                assert rel_err(a, b) < 1e-4, hw
+
+
+def _to_mmdet(sd):
+    """Plugin/official layout -> mmdet 3.x SwinTransformer layout, from mmdet's documented converter rules."""
+    out = {}
+    for k, v in sd.items():
+        if 'downsample.reduction' in k:
+            o, n = v.shape
+            v = v.reshape(o, 4, n // 4)[:, [0, 2, 1, 3], :].transpose(1, 2).reshape(o, n)
+        elif 'downsample.norm' in k:
+            v = v.reshape(4, -1)[[0, 2, 1, 3], :].transpose(0, 1).reshape(-1)
+        k = re.sub(r'^layers\.', 'stages.', k)
+        k = k.replace('.attn.', '.attn.w_msa.').replace('.mlp.fc1.', '.ffn.layers.0.0.')
+        k = k.replace('.mlp.fc2.', '.ffn.layers.1.').replace('patch_embed.proj.', 'patch_embed.projection.')
+        out[k] = v
+    return out
+
+
+@pytest.mark.parametrize('ws,hw', [(7, (250, 330)), (7, (20, 28)), (12, (410, 300))])
+def test_v1_equals_mmdet_swin(ws, hw):
+    from mmdet.models.backbones import SwinTransformer as MMDetSwin
+    ours = randomize_(SwinTransformer('tiny', window_size=ws, drop_path_rate=0.0), seed=1, scale=0.1).eval()
+    theirs = MMDetSwin(embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=ws,
+                       drop_path_rate=0.0)
+    theirs.eval()  # mmdet's train() does not return self
+    sd = _to_mmdet(ours.state_dict())
+    missing, unexpected = theirs.load_state_dict(sd, strict=False)
+    assert not unexpected and all('relative_position_index' in k for k in missing)
+    x = torch.randn(1, 3, *hw)
+    with torch.no_grad():
+        for a, b in zip(ours(x), theirs(x)):
+            assert a.shape == b.shape
+            assert rel_err(a, b) < 1e-4
+
+
+# ------------------------------------------------------------------------------------------------ weights
+def _load(cls, obj, tmp_path, **kw):
+    path = tmp_path / 'ckpt.pth'
+    torch.save(obj, path)
+    model = cls(init_cfg=dict(type='Pretrained', checkpoint=str(path)), drop_path_rate=0.0, **kw)
+    model.init_weights()
+    return model
+
+
+def _assert_arrived(model, plugin_sd, skip=()):
+    msd = model.state_dict()
+    for k, v in plugin_sd.items():
+        if k.endswith(('relative_position_index', 'attn_mask', 'relative_coords_table')) or k.startswith('head.'):
+            continue
+        k2 = 'norm3.' + k[5:] if k.startswith('norm.') else k
+        if k2 in skip:
+            continue
+        assert torch.equal(msd[k2], v), k
+
+
+@pytest.mark.parametrize('v2', [False, True])
+def test_official_key_list_loads_every_parameter(tmp_path, v2):
+    section = 'V2 tiny' if v2 else 'V1 tiny'
+    shapes = official_keys(KEYS, section)
+    assert len(shapes) == (250 if v2 else 190)
+    sd = random_state_dict(shapes)
+    cls = SwinTransformerV2 if v2 else SwinTransformer
+    model = _load(cls, {'model': sd}, tmp_path, arch='tiny', window_size=8 if v2 else 7)
+    _assert_arrived(model, sd)
+    body = [k for k in model.state_dict() if not re.match(r'norm[0-2]\.', k)]
+    official = {('norm3.' + k[5:] if k.startswith('norm.') else k) for k in sd}
+    assert set(body) <= official
+
+
+def test_official_v1_window7_into_window12_resizes_bias_table(tmp_path):
+    sd = random_state_dict(official_keys(KEYS, 'V1 tiny'))
+    key = 'layers.2.blocks.1.attn.relative_position_bias_table'
+    sd[key][:, 0] = 0.5  # a constant head must stay constant
+    model = _load(SwinTransformer, {'model': sd}, tmp_path, arch='tiny', window_size=12)
+    got = model.state_dict()[key]
+    assert got.shape == (23 * 23, 12)
+    assert torch.allclose(got[:, 0], torch.full((529, ), 0.5), atol=1e-6)
+    src = sd[key].t().reshape(1, 12, 13, 13)
+    want = F.interpolate(src, size=(23, 23), mode='bicubic', align_corners=False).reshape(12, -1).t()
+    assert torch.allclose(got, want)
+    # the centre of a 13x13 table lands at the centre of the 23x23 one (zero offset stays zero offset)
+    assert torch.allclose(got.view(23, 23, 12)[11, 11], src[0, :, 6, 6], atol=0.35)
+
+
+def test_v2_window8_into_window16_regenerates_coords(tmp_path):
+    sd = random_state_dict(official_keys(KEYS, 'V2 tiny'))
+    model = _load(SwinTransformerV2, {'model': sd}, tmp_path, arch='tiny', window_size=16,
+                  pretrained_window_size=[8, 8, 8, 8])
+    attn = model.layers[0].blocks[0].attn
+    assert attn.relative_coords_table.shape == (31, 31, 2)
+    assert attn.relative_coords_table.abs().max() > 1.0  # extrapolates beyond the pretrained range
+    _assert_arrived(model, sd)
+
+
+@pytest.mark.parametrize('v2', [False, True])
+def test_timm_layout(tmp_path, v2):
+    src = randomize_((SwinTransformerV2 if v2 else SwinTransformer)(SMALL_ARCH, window_size=7), seed=2)
+    sd = src.state_dict()
+    timm = {}
+    for k, v in sd.items():
+        m = re.match(r'layers\.(\d)\.downsample\.(.*)', k)
+        if m:
+            k = f'layers.{int(m.group(1)) + 1}.downsample.{m.group(2)}'
+        timm[k.replace('norm3.', 'norm.')] = v
+    timm = {k: v for k, v in timm.items() if not re.match(r'norm[0-2]\.', k)}
+    timm['head.fc.weight'] = torch.zeros(10, 256)
+    model = _load(type(src), timm, tmp_path, arch=SMALL_ARCH, window_size=7)
+    _assert_arrived(model, {k: v for k, v in sd.items() if not re.match(r'norm[0-2]\.', k)})
+
+
+def test_mmdet_layout(tmp_path):
+    src = randomize_(SwinTransformer(SMALL_ARCH, window_size=7), seed=3)
+    mm = {'backbone.' + k: v for k, v in _to_mmdet(src.state_dict()).items()}
+    mm['neck.lateral_convs.0.conv.weight'] = torch.zeros(1)
+    model = _load(SwinTransformer, {'state_dict': mm, 'meta': {}}, tmp_path, arch=SMALL_ARCH, window_size=7)
+    _assert_arrived(model, src.state_dict())
+
+
+def test_mmpretrain_v2_layout(tmp_path):
+    src = randomize_(SwinTransformerV2(SMALL_ARCH, window_size=8), seed=4)
+    out = {}
+    for k, v in src.state_dict().items():
+        m = re.match(r'layers\.(\d)\.downsample\.(.*)', k)
+        if m:  # mmpretrain V2: merge at the start of the next stage, Unfold order for the reduction only
+            if m.group(2) == 'reduction.weight':
+                o, n = v.shape
+                v = v.reshape(o, 4, n // 4)[:, [0, 2, 1, 3], :].transpose(1, 2).reshape(o, n)
+            k = f'stages.{int(m.group(1)) + 1}.downsample.{m.group(2)}'
+        k = re.sub(r'^layers\.', 'stages.', k).replace('.attn.', '.attn.w_msa.')
+        k = k.replace('.mlp.fc1.', '.ffn.layers.0.0.').replace('.mlp.fc2.', '.ffn.layers.1.')
+        out[k.replace('patch_embed.proj.', 'patch_embed.projection.')] = v
+    model = _load(SwinTransformerV2, {'state_dict': out}, tmp_path, arch=SMALL_ARCH, window_size=8)
+    _assert_arrived(model, src.state_dict())
+
+
+def test_version_mismatch_and_bad_shapes(tmp_path):
+    v1 = random_state_dict(official_keys(KEYS, 'V1 tiny'))
+    with pytest.raises(CheckpointError, match='Swin V1 checkpoint but the model is Swin V2'):
+        _load(SwinTransformerV2, {'model': v1}, tmp_path, arch='tiny')
+    v2 = random_state_dict(official_keys(KEYS, 'V2 tiny'))
+    with pytest.raises(CheckpointError, match='Swin V2 checkpoint but the model is Swin V1'):
+        _load(SwinTransformer, {'model': v2}, tmp_path, arch='tiny')
+    with pytest.raises(CheckpointError, match=r"shape mismatch for '.*': checkpoint \(.*\) vs model"):
+        _load(SwinTransformer, {'model': v1}, tmp_path, arch='base')
+    bad = dict(v1)
+    bad['layers.0.blocks.0.attn.relative_position_bias_table'] = torch.zeros(170, 3)
+    with pytest.raises(CheckpointError, match='relative_position_bias_table.*cannot be resized'):
+        _load(SwinTransformer, {'model': bad}, tmp_path, arch='tiny')
+
+
+# ------------------------------------------------------------------------------------------------ options
+def test_frozen_stages_from_construction():
+    model = SwinTransformer(SMALL_ARCH, frozen_stages=1)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == {n for n, _ in model.named_parameters() if n.startswith(('patch_embed.', 'layers.0.', 'norm0.'))}
+    model.train()
+    assert not model.layers[0].training and model.layers[1].training
+    outs = model(torch.randn(1, 3, 64, 64))
+    sum(o.sum() for o in outs).backward()
+    assert all(p.grad is not None for n, p in model.named_parameters() if n not in frozen)
+
+
+@pytest.mark.parametrize('v2', [False, True])
+def test_with_cp_same_outputs_and_grads(v2):
+    cls = SwinTransformerV2 if v2 else SwinTransformer
+    a = randomize_(cls(SMALL_ARCH, drop_path_rate=0.0), seed=5).train()
+    b = cls(SMALL_ARCH, drop_path_rate=0.0, with_cp=True).train()
+    b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 3, 70, 90, requires_grad=True)
+    oa, ob = a(x), b(x)
+    for p, q in zip(oa, ob):
+        assert rel_err(q, p) < 1e-5
+    sum(o.pow(2).mean() for o in oa).backward()
+    ga = {n: p.grad.clone() for n, p in a.named_parameters()}
+    sum(o.pow(2).mean() for o in ob).backward()
+    for n, p in b.named_parameters():
+        assert rel_err(p.grad, ga[n]) < 1e-4, n
+
+
+@pytest.mark.parametrize('v2', [False, True])
+def test_bf16_autocast_finite(v2):
+    cls = SwinTransformerV2 if v2 else SwinTransformer
+    model = cls(SMALL_ARCH).train()
+    with torch.no_grad():
+        for m in model.modules():
+            if hasattr(m, 'logit_scale'):
+                m.logit_scale.fill_(math.log(1000.0))  # must be clamped at log(100)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(torch.randn(2, 3, 75, 83))
+        loss = sum(o.float().pow(2).mean() for o in outs)
+    loss.backward()
+    assert all(torch.isfinite(o.float()).all() for o in outs)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_arch_aliases_and_outputs():
+    for a, b in [('t', 'tiny'), ('s', 'small'), ('b', 'base'), ('l', 'large')]:
+        assert SwinTransformer.resolve_arch(a) == SwinTransformer.resolve_arch(b)
+    m = SwinTransformer('tiny', out_indices=(1, 3))
+    assert m.out_channels == [192, 768] and m.out_strides == [8, 32]
+    assert len(m(torch.rand(1, 3, 64, 64))) == 2
+
+
+@pytest.mark.parametrize('cls,kwargs,match', [
+    (SwinTransformer, dict(arch='huge'), "unknown arch 'huge'"),
+    (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6, 2])), 'lacks'),
+    (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6], num_heads=[3, 6, 12])), '4 entries'),
+    (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[5, 6, 12, 24])), 'divisible'),
+    (SwinTransformer, dict(window_size=0), 'window_size must be >= 1'),
+    (SwinTransformer, dict(pretrained_window_size=8), 'V2 option'),
+    (SwinTransformerV2, dict(pretrained_window_size=[8, 8]), 'pretrained_window_size'),
+])
+def test_bad_construction(cls, kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        cls(**kwargs)
+
+
+def test_bad_input():
+    model = SwinTransformer(SMALL_ARCH)
+    with pytest.raises(ValueError, match='expected 3 input channels, got 4'):
+        model(torch.rand(1, 4, 64, 64))
+    with pytest.raises(ValueError, match='expected an image batch'):
+        model(torch.rand(1, 1, 3, 64, 64))

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# Create or reuse .venv in the repository root with torch, mmengine, mmcv (with compiled ops), mmdet, mmseg and
+# mmplugin (editable). Idempotent: when nothing changed since the last successful run it only verifies imports.
+#
+# Environment:
+#   PYTHON            interpreter for a new venv (default: python3.11 if present, else python3)
+#   MMPLUGIN_CACHE    where built mmcv wheels are kept (default: ~/.cache/mmplugin)
+#   MAX_JOBS          parallel compile jobs for mmcv (default: all cores)
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+CACHE="${MMPLUGIN_CACHE:-$HOME/.cache/mmplugin}"
+MMCV_VERSION=2.1.0
+STAMP="$VENV/.mmplugin-setup"
+
+say() { printf '[setup] %s\n' "$*"; }
+die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
+
+# What the stamp covers: this script and the dependency list.
+want_stamp="$(cat "$ROOT/tools/setup_env.sh" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+VPY="$VENV/bin/python"
+
+if [ -x "$VPY" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want_stamp" ]; then
+  if "$VPY" -c "import mmplugin, mmcv.ops, mmdet, mmseg" 2>/dev/null; then
+    say "environment up to date ($VENV)"
+    exit 0
+  fi
+  say "stamp present but imports fail: repairing"
+fi
+
+# ---------------------------------------------------------------- interpreter and venv
+if [ ! -x "$VPY" ]; then
+  PY="${PYTHON:-}"
+  if [ -z "$PY" ]; then
+    if command -v python3.11 >/dev/null 2>&1; then PY=python3.11; else PY=python3; fi
+  fi
+  command -v "$PY" >/dev/null 2>&1 || die "no Python interpreter '$PY' found; set PYTHON=/path/to/python3.10-3.12"
+  "$PY" - <<'EOF' || die "Python 3.10-3.12 is required (found $("$PY" --version 2>&1))"
+import sys
+sys.exit(0 if (3, 10) <= sys.version_info[:2] <= (3, 12) else 1)
+EOF
+  say "creating $VENV with $("$PY" --version 2>&1)"
+  "$PY" -m venv "$VENV" || die "could not create a venv (on Debian/Ubuntu: apt install python3-venv)"
+fi
+PIP=("$VPY" -m pip --disable-pip-version-check)
+"${PIP[@]}" install -q -U pip 'setuptools>=61,<81' wheel
+
+# ---------------------------------------------------------------- torch: keep the user's 2.x, else install one
+if "$VPY" -c "import torch" 2>/dev/null; then
+  tv="$("$VPY" -c 'import torch; print(torch.__version__)')"
+  case "$tv" in
+    2.*) say "using installed torch $tv" ;;
+    *) die "torch $tv is installed in $VENV but mmplugin needs torch 2.x; remove .venv or install torch 2.x" ;;
+  esac
+else
+  pyv="$("$VPY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+  if [ "$pyv" = "3.11" ]; then
+    say "installing torch==2.13.0 (CPU build)"
+    "${PIP[@]}" install -q torch==2.13.0
+  else
+    say "installing torch 2.x for Python $pyv (may be a large CUDA build)"
+    "${PIP[@]}" install -q 'torch>=2.1,<3'
+  fi
+fi
+TORCH_VERSION="$("$VPY" -c 'import torch; print(torch.__version__)')"
+PYTAG="$("$VPY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
+
+# ---------------------------------------------------------------- mmcv with ops
+"${PIP[@]}" install -q numpy ninja 'mmengine==0.10.7' addict yapf packaging pyyaml pillow opencv-python-headless
+
+mmcv_ok() {
+  "$VPY" - <<'EOF' 2>/dev/null
+import torch, mmcv
+from mmcv.ops import nms, RoIAlign
+assert mmcv.__version__ == '2.1.0', mmcv.__version__
+boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 10., 10.]]); scores = torch.tensor([0.9, 0.8])
+assert nms(boxes, scores, 0.5)[1].tolist() == [0]
+EOF
+}
+
+if mmcv_ok; then
+  say "mmcv $MMCV_VERSION with ops already installed"
+else
+  if "$VPY" -m pip show mmcv-lite >/dev/null 2>&1; then
+    say "mmcv-lite (no compiled ops) found: replacing it with a full mmcv build"
+    "${PIP[@]}" uninstall -y -q mmcv-lite
+  fi
+  if "$VPY" -c "import mmcv" 2>/dev/null; then
+    say "installed mmcv lacks compiled ops or is not $MMCV_VERSION: reinstalling"
+    "${PIP[@]}" uninstall -y -q mmcv || true
+  fi
+  WHEEL_DIR="$CACHE/wheels/torch-$TORCH_VERSION-$PYTAG"
+  mkdir -p "$WHEEL_DIR"
+  whl="$(ls "$WHEEL_DIR"/mmcv-$MMCV_VERSION-*.whl 2>/dev/null | head -n1 || true)"
+  if [ -z "$whl" ]; then
+    command -v g++ >/dev/null 2>&1 || die "mmcv $MMCV_VERSION must be compiled (no prebuilt wheel for torch $TORCH_VERSION) and no C++ compiler was found; install one (Debian/Ubuntu: apt install build-essential python3-dev)"
+    inc="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
+    [ -f "$inc/Python.h" ] || die "Python headers missing ($inc/Python.h); install python3-dev for your interpreter"
+    jobs="${MAX_JOBS:-$(nproc)}"
+    say "building mmcv $MMCV_VERSION with ops against torch $TORCH_VERSION ($jobs jobs; ~10 min on 2 cores, cached afterwards in $WHEEL_DIR)"
+    start=$(date +%s)
+    ( while sleep 60; do say "  ... still compiling mmcv ($(( ($(date +%s) - start) / 60 )) min)"; done ) &
+    ticker=$!
+    trap 'kill $ticker 2>/dev/null || true' EXIT
+    MMCV_WITH_OPS=1 MAX_JOBS="$jobs" "${PIP[@]}" wheel -q --no-build-isolation --no-deps -w "$WHEEL_DIR" \
+      "mmcv==$MMCV_VERSION" || die "mmcv build failed (see the compiler output above)"
+    kill $ticker 2>/dev/null || true
+    whl="$(ls "$WHEEL_DIR"/mmcv-$MMCV_VERSION-*.whl | head -n1)"
+    say "built $(basename "$whl") in $(( $(date +%s) - start )) s"
+  else
+    say "reusing cached $(basename "$whl")"
+  fi
+  "${PIP[@]}" install -q --no-deps "$whl"
+  "${PIP[@]}" install -q addict mmengine yapf packaging pillow pyyaml
+  mmcv_ok || die "mmcv installed but its compiled ops do not load (rebuild: rm -r $WHEEL_DIR)"
+fi
+
+# ---------------------------------------------------------------- mmdet, mmseg, mmplugin
+say "installing mmdet, mmsegmentation and mmplugin (editable, with test extras)"
+"${PIP[@]}" install -q --no-build-isolation -e "$ROOT[tests]"
+"$VPY" -c "import mmplugin, mmcv.ops, mmdet, mmseg; print('[setup] ok: mmplugin', mmplugin.__version__, '| mmcv', __import__('mmcv').__version__, '| mmdet', mmdet.__version__, '| mmseg', mmseg.__version__, '| torch', __import__('torch').__version__)"
+echo "$want_stamp" > "$STAMP"
