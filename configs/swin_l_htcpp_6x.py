@@ -7,7 +7,7 @@
 # definition and is NOT included here, and batch size / learning rate were never stated (batch 16 and the ablation
 # AdamW lr 1e-4 are used). Whether HTC++ used the COCO-stuff semantic branch is unknown; this uses HTC without it.
 # InstaBoost needs `pip install instaboostfast`.
-_base_ = ['mmdet::htc/htc-without-semantic_r50_fpn_1x_coco.py', './_base_/swin_det_recipe.py']
+_base_ = ['mmdet::htc/htc-without-semantic_r50_fpn_1x_coco.py']
 custom_imports = dict(imports=['mmplugin'], allow_failed_imports=False)
 model = dict(
     backbone=dict(
@@ -29,13 +29,24 @@ train_pipeline = [
     dict(type='RandomFlip', prob=0.5),
     dict(type='PackDetInputs'),
 ]
-train_dataloader = dict(dataset=dict(pipeline=train_pipeline))
+# the Swin ablation optimizer  (same values as _base_/swin_det_recipe.py, restated because the mmdet
+# base above already defines them and mmengine forbids duplicate keys among bases)
 max_epochs = 72
-train_cfg = dict(max_epochs=max_epochs)
+train_dataloader = dict(batch_size=2, num_workers=2, dataset=dict(pipeline=train_pipeline))  # x 8 GPUs = 16
+train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=max_epochs, val_interval=1)
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=500),
     dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[63, 69], gamma=0.1),
 ]
+optim_wrapper = dict(
+    type='AmpOptimWrapper',
+    optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, betas=(0.9, 0.999), weight_decay=0.05),
+    paramwise_cfg=dict(custom_keys={
+        'absolute_pos_embed': dict(decay_mult=0.),
+        'relative_position_bias_table': dict(decay_mult=0.),
+        'norm': dict(decay_mult=0.),
+    }))
+auto_scale_lr = dict(enable=False, base_batch_size=16)
 # multi-scale + flip test (tools/test.py --tta)
 tta_model = dict(type='DetTTAModel',
                  tta_cfg=dict(nms=dict(type='soft_nms', iou_threshold=0.5), max_per_img=100))

@@ -53,6 +53,7 @@ def test_shapes_any_size(hw):
     for i, (o, c) in enumerate(zip(outs, [48, 56, 112, 220])):
         s = 2**(i + 2)
         assert o.shape == (2, c, -(-h // s), -(-w // s))
+        assert o.is_contiguous(), 'downstream mmcv ops need contiguous NCHW'
     assert model.out_channels == [48, 56, 112, 220] and model.out_strides == [4, 8, 16, 32]
 
 

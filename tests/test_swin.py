@@ -35,7 +35,7 @@ def test_equal_to_official_formulation(v2, ws, hw):
     x = torch.randn(2, 3, *hw)
     with torch.no_grad():
         for a, b in zip(model(x), ref(x)):
-            assert a.shape == b.shape
+            assert a.shape == b.shape and a.is_contiguous()
             assert rel_err(a, b) < 1e-4
 
 

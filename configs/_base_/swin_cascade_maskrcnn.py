@@ -2,9 +2,6 @@
 # configs/swin/cascade_mask_rcnn_swin_*_giou_4conv1f_adamw_3x_coco.py), official detection recipe (3x).
 _base_ = [
     'mmdet::_base_/models/cascade-mask-rcnn_r50_fpn.py',
-    'mmdet::_base_/datasets/coco_instance.py',
-    'mmdet::_base_/schedules/schedule_1x.py',
-    'mmdet::_base_/default_runtime.py',
     './swin_det_recipe.py',
 ]
 custom_imports = dict(imports=['mmplugin'], allow_failed_imports=False)

@@ -3,7 +3,13 @@
 # multi-scale training with short side 480-800 (long side 1333) and the DETR-style crop branch, AdamW lr 1e-4,
 # weight decay 0.05 with no decay on relative_position_bias_table / absolute_pos_embed / norms, batch 16 (8 x 2),
 # 36 epochs stepped at 27 and 33, linear warm-up 500 iterations from 0.001, mixed precision (apex O1 there,
-# AmpOptimWrapper here). Pulled in by the Swin Mask R-CNN / Cascade / ATSS / Sparse R-CNN configs; no model here.
+# AmpOptimWrapper here). The Swin Mask R-CNN and Cascade configs add their model; configs whose mmdet base already
+# carries a dataset and schedule (ATSS, HTC) restate these values instead (mmengine forbids duplicate keys among bases).
+_base_ = [
+    'mmdet::_base_/datasets/coco_instance.py',
+    'mmdet::_base_/schedules/schedule_1x.py',
+    'mmdet::_base_/default_runtime.py',
+]
 ms_scales = [(480, 1333), (512, 1333), (544, 1333), (576, 1333), (608, 1333), (640, 1333), (672, 1333), (704, 1333),
              (736, 1333), (768, 1333), (800, 1333)]
 train_pipeline = [

@@ -1,9 +1,6 @@
 # Swin-T Mask R-CNN + FPN with the official detection recipe (3x); variants override arch, drop path, weights, FPN.
 _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
-    'mmdet::_base_/datasets/coco_instance.py',
-    'mmdet::_base_/schedules/schedule_1x.py',
-    'mmdet::_base_/default_runtime.py',
     './swin_det_recipe.py',
 ]
 custom_imports = dict(imports=['mmplugin'], allow_failed_imports=False)

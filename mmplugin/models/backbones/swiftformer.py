@@ -335,7 +335,8 @@ class SwiftFormer(BaseBackbone):
                 else:
                     x = blk(x)
             if i in self.out_indices:
-                outs.append(getattr(self, f'norm{i}')(x))
+                # contiguous NCHW: mmcv's ops (RoIAlign, ...) read raw NCHW memory, not channels_last
+                outs.append(getattr(self, f'norm{i}')(x).contiguous())
         return tuple(outs)
 
     @torch.no_grad()

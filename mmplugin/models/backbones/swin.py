@@ -236,7 +236,8 @@ class _SwinBase(BaseBackbone):
         for i, stage in enumerate(self.layers):
             out, down = stage(x)
             if i in self.out_indices:
-                outs.append(getattr(self, f'norm{i}')(out).permute(0, 3, 1, 2))
+                # contiguous NCHW: mmcv's CPU/CUDA ops (RoIAlign, ...) read raw NCHW memory
+                outs.append(getattr(self, f'norm{i}')(out).permute(0, 3, 1, 2).contiguous())
             if down is None:
                 break
             x = down
