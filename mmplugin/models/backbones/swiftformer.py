@@ -24,8 +24,8 @@ from torch import nn
 
 from ...converters.swiftformer import convert_swiftformer
 from ...registry import MODELS
-from ..layers import (DropPath, bn_conv1x1, conv_bn, fuse_bn_conv1x1_, fuse_conv_bn_, scale_output_,
-                      uses_running_stats)
+from ..layers import (DropPath, bn_conv1x1, conv_act, conv_add, conv_bn, fuse_bn_conv1x1_, fuse_conv_bn_,
+                      scale_output_, uses_running_stats)
 from .base import BaseBackbone
 
 
@@ -62,9 +62,12 @@ class ConvEncoder(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.layer_scale is None and isinstance(self.norm, nn.Identity):  # deployed: BN and scale folded
+            return conv_add(conv_act(self.dwconv(x), self.pwconv1, 'gelu'), self.pwconv2, x)
         y = conv_bn(x, self.dwconv, self.norm)
         y = F.gelu(self.pwconv1(y))
-        return x + self.drop_path(_scaled_conv(y, self.pwconv2, self.layer_scale))
+        y = self.drop_path(_scaled_conv(y, self.pwconv2, self.layer_scale))
+        return y.add_(x)  # in place on a fresh tensor: saves a feature-map allocation (conv keeps no output)
 
     @torch.no_grad()
     def switch_to_deploy(self) -> None:
@@ -98,14 +101,17 @@ class EfficientAdditiveAttention(nn.Module):
         self.final = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None) -> torch.Tensor:
-        q = F.normalize(self.to_query(x), dim=-1)  # (B, N, C)
-        k = F.normalize(self.to_key(x), dim=-1)  # (B, N, C)
+        c = x.shape[-1]
+        qk = F.linear(x, torch.cat((self.to_query.weight, self.to_key.weight)),
+                      torch.cat((self.to_query.bias, self.to_key.bias)))  # one GEMM for both projections
+        q = F.normalize(qk[..., :c], dim=-1)  # (B, N, C)
+        k = F.normalize(qk[..., c:], dim=-1)  # (B, N, C)
         if self.token_weighting == 'l2norm':
             a = F.normalize((q @ self.w_g) * self.scale, dim=1)  # (B, N, 1)
             g = a.transpose(1, 2) @ q  # (B, 1, C)
         else:
             g = q.sum(dim=1, keepdim=True)
-        out = self.proj(g * k) + q
+        out = self.proj(g * k).add_(q)
         if out_scale is None:
             return self.final(out)
         s = out_scale.reshape(-1)
@@ -135,8 +141,10 @@ class SwiftFormerEncoder(nn.Module):
         # (B, C, H, W) channels_last -> (B, H*W, C) is a view; otherwise permute copies once.
         tokens = x.permute(0, 2, 3, 1).reshape(b, h * w, c)
         y = self.attn(tokens, self.layer_scale_1).reshape(b, h, w, c).permute(0, 3, 1, 2)
-        x = x + self.drop_path(y)
-        return x + self.drop_path(self.linear(x, self.layer_scale_2))
+        x = self.drop_path(y).add_(x)
+        if self.layer_scale_2 is None:  # deployed
+            return self.linear.forward_residual(x)
+        return self.drop_path(self.linear(x, self.layer_scale_2)).add_(x)
 
     @torch.no_grad()
     def switch_to_deploy(self) -> None:
@@ -164,6 +172,10 @@ class ConvMlp(nn.Module):
 
     def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None) -> torch.Tensor:
         return _scaled_conv(F.gelu(bn_conv1x1(x, self.norm1, self.fc1)), self.fc2, out_scale)
+
+    def forward_residual(self, x: torch.Tensor) -> torch.Tensor:
+        """``x + fc2(GELU(fc1(x)))`` after deployment (BN and layer scale folded), fused where possible."""
+        return conv_add(conv_act(self.norm1(x), self.fc1, 'gelu'), self.fc2, x)
 
     @torch.no_grad()
     def switch_to_deploy(self, out_scale: torch.Tensor | None) -> None:
@@ -316,6 +328,8 @@ class SwiftFormer(BaseBackbone):
 
     def _stem_forward(self, x: torch.Tensor) -> torch.Tensor:
         s = self.stem
+        if isinstance(s[1], nn.Identity):  # deployed
+            return conv_act(conv_act(x, s[0], 'relu'), s[3], 'relu')
         x = F.relu(conv_bn(x, s[0], s[1]))
         return F.relu(conv_bn(x, s[3], s[4]))
 

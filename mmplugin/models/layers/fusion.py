@@ -87,3 +87,39 @@ def scale_output_(layer: nn.Conv2d | nn.Linear, scale: torch.Tensor) -> None:
     layer.weight.mul_(s.view(-1, *([1] * (layer.weight.ndim - 1))))
     if layer.bias is not None:
         layer.bias.mul_(s)
+
+
+def _onednn_ops_available() -> bool:
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, '_convolution_pointwise')
+    except Exception:  # pragma: no cover - builds without oneDNN
+        return False
+
+
+_ONEDNN = _onednn_ops_available()
+
+
+def can_fuse_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """oneDNN post-op fusion applies: CPU, fp32, no autograd (deployed inference)."""
+    return (_ONEDNN and x.device.type == 'cpu' and x.dtype == torch.float32 and weight.dtype == torch.float32
+            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+
+
+def conv_act(x: torch.Tensor, conv: nn.Conv2d, act: str) -> torch.Tensor:
+    """``act(conv(x))`` with ``act`` in {'relu', 'gelu'} (exact erf GELU), one oneDNN kernel when possible."""
+    if can_fuse_onednn(x, conv.weight):
+        return torch.ops.mkldnn._convolution_pointwise(x, conv.weight, conv.bias, list(conv.padding),
+                                                       list(conv.stride), list(conv.dilation), conv.groups, act, [],
+                                                       'none' if act == 'gelu' else None)
+    y = conv(x)
+    return F.relu(y) if act == 'relu' else F.gelu(y)
+
+
+def conv_add(x: torch.Tensor, conv: nn.Conv2d, residual: torch.Tensor) -> torch.Tensor:
+    """``conv(x) + residual``, one oneDNN kernel when possible."""
+    if can_fuse_onednn(x, conv.weight) and residual.shape[1] == conv.out_channels:
+        return torch.ops.mkldnn._convolution_pointwise.binary(x, residual, conv.weight, conv.bias,
+                                                              list(conv.padding), list(conv.stride),
+                                                              list(conv.dilation), conv.groups, 'add', None, None,
+                                                              [], None)
+    return conv(x).add_(residual)

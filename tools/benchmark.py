@@ -1,0 +1,210 @@
+"""Backbone speed and peak memory, side by side in one process, printed as ratios and drawn as a PNG.
+
+Peers are the implementations a user would otherwise pick, run with the same weights:
+
+* ``swiftformer``: the official formulation (:mod:`mmplugin.reference.swiftformer`: NCHW, separate BatchNorms,
+  layer-scale multiplies, the query repeated over tokens), the plugin in eval mode, the plugin after
+  ``switch_to_deploy()``, and mmdet's ResNet-50 / ResNet-18;
+* ``swin``: mmdet's ``SwinTransformer`` and the plugin's, V1 (and the plugin's V2 for reference).
+
+Timings interleave the models round by round and report medians, so machine noise hits all of them alike; only
+ratios are meaningful on shared machines. Peak memory of a training step (forward + backward) is measured in a
+fresh subprocess per model (max RSS on CPU, ``max_memory_allocated`` on CUDA).
+
+Examples::
+
+    python tools/benchmark.py swiftformer --arch l1 --sizes 800x1216 --plot work_dirs/bench_sf.png
+    python tools/benchmark.py swin --arch tiny --sizes 512x512 800x1216 --memory
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+
+
+def _swiftformer_models(arch: str, device):
+    from mmdet.models.backbones import ResNet
+    from mmplugin.converters import convert_swiftformer
+    from mmplugin.models import SwiftFormer
+    from mmplugin.reference.swiftformer import ReferenceSwiftFormer
+    s = SwiftFormer.arch_zoo[arch]
+    ref = ReferenceSwiftFormer(s['depths'], s['embed_dims'])
+    ours = SwiftFormer(arch)
+    ours.load_state_dict(convert_swiftformer(ref.state_dict())[0])
+    deploy = SwiftFormer(arch)
+    deploy.load_state_dict(ours.state_dict())
+    deploy.eval().switch_to_deploy()
+    return {
+        'official': ref,
+        'mmplugin': ours,
+        'mmplugin-deploy': deploy,
+        'mmdet-R50': ResNet(50),
+        'mmdet-R18': ResNet(18),
+    }
+
+
+def _swin_models(arch: str, device, window: int = 7):
+    from mmdet.models.backbones import SwinTransformer as MMDetSwin
+    from mmplugin.models import SwinTransformer, SwinTransformerV2
+    ours = SwinTransformer(arch, window_size=window, drop_path_rate=0.0)
+    s = ours.resolve_arch(arch)
+    theirs = MMDetSwin(embed_dims=s['embed_dims'], depths=s['depths'], num_heads=s['num_heads'],
+                       window_size=window, drop_path_rate=0.0)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'tests'))
+    from test_swin import _to_mmdet  # the same weights in mmdet's layout
+    theirs.load_state_dict(_to_mmdet(ours.state_dict()), strict=False)
+    return {'mmdet-swin': theirs, 'mmplugin': ours,
+            'mmplugin-v2': SwinTransformerV2(arch, window_size=8, drop_path_rate=0.0)}
+
+
+def build(family: str, arch: str, device):
+    models = _swiftformer_models(arch, device) if family == 'swiftformer' else _swin_models(arch, device)
+    for m in models.values():
+        m.to(device)
+        m.eval()
+    return models
+
+
+def _sync(device):
+    if device.type == 'cuda':
+        torch.cuda.synchronize()
+
+
+def time_models(models: dict, size, device, rounds: int, batch: int = 1, dtype=None) -> dict[str, float]:
+    """Median seconds per eval forward for each model, rounds interleaved across models."""
+    x = torch.randn(batch, 3, *size, device=device)
+    times: dict[str, list[float]] = {k: [] for k in models}
+    ctx = torch.autocast(device.type, dtype=dtype) if dtype else torch.autocast(device.type, enabled=False)
+    with torch.inference_mode(), ctx:
+        for m in models.values():  # warm-up
+            m(x)
+        for _ in range(rounds):
+            for name, m in models.items():
+                _sync(device)
+                t = time.perf_counter()
+                m(x)
+                _sync(device)
+                times[name].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _peak_memory_child(family, arch, name, size, with_cp, device_str):
+    """Runs in a subprocess: one training step of one model, prints its peak memory in MiB."""
+    import resource
+    device = torch.device(device_str)
+    models = build(family, arch, device)
+    model = models[name].train()
+    if with_cp and hasattr(model, 'with_cp'):
+        model.with_cp = True
+        for m in model.modules():
+            if hasattr(m, 'with_cp'):
+                m.with_cp = True
+    x = torch.randn(2, 3, *size, device=device)
+    for k, m in models.items():
+        if k != name:
+            m.cpu()
+    del models
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if device.type == 'cuda':
+        torch.cuda.reset_peak_memory_stats()
+    outs = model(x)
+    sum(o.float().mean() for o in outs).backward()
+    if device.type == 'cuda':
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    print(json.dumps({'peak_mib': peak}))
+
+
+def peak_memory(family, arch, name, size, with_cp, device) -> float:
+    code = (f'import sys; sys.path.insert(0, {os.path.dirname(os.path.abspath(__file__))!r}); import benchmark; '
+            f'benchmark._peak_memory_child({family!r}, {arch!r}, {name!r}, {tuple(size)!r}, {with_cp!r}, '
+            f'{str(device)!r})')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])['peak_mib']
+
+
+def parse_size(s: str) -> tuple[int, int]:
+    h, w = s.lower().split('x')
+    return int(h), int(w)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('family', choices=['swiftformer', 'swin'])
+    parser.add_argument('--arch', default=None, help="backbone arch (default: 'l1' / 'tiny')")
+    parser.add_argument('--sizes', nargs='+', type=parse_size, default=[(800, 1216)], help='HxW input sizes')
+    parser.add_argument('--rounds', type=int, default=5, help='timed forwards per model and size')
+    parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--bf16', action='store_true', help='time under bf16 autocast')
+    parser.add_argument('--memory', action='store_true', help='also measure training-step peak memory')
+    parser.add_argument('--plot', default=None, help='write a PNG of time against input size here')
+    parser.add_argument('--json', default=None, help='write all figures as JSON here')
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    arch = args.arch or ('l1' if args.family == 'swiftformer' else 'tiny')
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    models = build(args.family, arch, device)
+    baseline = 'official' if args.family == 'swiftformer' else 'mmdet-swin'
+    results = {'family': args.family, 'arch': arch, 'device': str(device), 'sizes': {}}
+    print(f'{args.family} {arch} on {device} ({torch.get_num_threads()} threads), median of {args.rounds} rounds')
+    for size in args.sizes:
+        t = time_models(models, size, device, args.rounds, dtype=torch.bfloat16 if args.bf16 else None)
+        results['sizes'][f'{size[0]}x{size[1]}'] = t
+        print(f'\n{size[0]}x{size[1]}: speed-up over {baseline} (higher is faster)')
+        for name, sec in t.items():
+            print(f'  {name:18s} {t[baseline] / sec:6.2f}x   ({sec * 1000:8.1f} ms)')
+    if args.memory:
+        size = args.sizes[0]
+        print(f'\ntraining-step peak memory at batch 2, {size[0]}x{size[1]} (MiB, ratio to {baseline}):')
+        mem = {}
+        names = [baseline, 'mmplugin']
+        for name in names:
+            for cp in (False, True):
+                if cp and name == 'official':
+                    continue
+                mem[f'{name}{" +with_cp" if cp else ""}'] = peak_memory(args.family, arch, name, size, cp, device)
+        base = mem[baseline]
+        for k, v in mem.items():
+            print(f'  {k:26s} {v:9.0f} MiB  {v / base:5.2f}x')
+        results['peak_memory_mib'] = mem
+    if args.plot:
+        import matplotlib
+        matplotlib.use('Agg')
+        import matplotlib.pyplot as plt
+        labels = list(results['sizes'])
+        pixels = [parse_size(s)[0] * parse_size(s)[1] / 1e6 for s in labels]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for name in models:
+            ax.plot(pixels, [results['sizes'][s][name] * 1000 for s in labels], marker='o', label=name)
+        ax.set_xlabel('input size (megapixels)')
+        ax.set_ylabel('eval forward time (ms)')
+        ax.set_title(f'{args.family} {arch} on {device}')
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        os.makedirs(os.path.dirname(os.path.abspath(args.plot)), exist_ok=True)
+        fig.savefig(args.plot, dpi=120)
+        print(f'\nplot written to {args.plot}')
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(results, f, indent=2)
+    return results
+
+
+if __name__ == '__main__':
+    main()
