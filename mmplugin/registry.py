@@ -18,3 +18,10 @@ OPTIM_WRAPPER_CONSTRUCTORS = Registry('optimizer wrapper constructor', parent=MM
                                       scope='mmplugin', locations=['mmplugin.optim'])
 
 __all__ += ['OPTIM_WRAPPER_CONSTRUCTORS']
+
+from mmengine.registry import MODEL_WRAPPERS as MMENGINE_MODEL_WRAPPERS  # noqa: E402
+
+MODEL_WRAPPERS = Registry('model_wrapper', parent=MMENGINE_MODEL_WRAPPERS, scope='mmplugin',
+                          locations=['mmplugin.utils.ddp'])
+
+__all__ += ['MODEL_WRAPPERS']

@@ -119,7 +119,7 @@ def convert_swin(sd: dict[str, torch.Tensor], version: int = 1, window_sizes=(7,
     Args:
         sd: unwrapped state dict.
         version: the target model's version (1 or 2); a checkpoint of the other version is refused.
-        window_sizes: the target model's window per stage (V1 bias tables are resized to it).
+        window_sizes: the target model's window per stage (V1 bias tables are resized to it); None keeps them.
         out_indices: the target model's outputs (the classifier's final ``norm`` initialises ``norm3`` if present).
         depths: unused; accepted so callers can pass the model's settings uniformly.
 
@@ -146,7 +146,7 @@ def convert_swin(sd: dict[str, torch.Tensor], version: int = 1, window_sizes=(7,
     for k in [k for k in sd if re.match(r'norm\d\.', k) and int(k[4]) not in tuple(out_indices)]:
         dropped.append(k)
         del sd[k]
-    if version == 1:
+    if version == 1 and window_sizes is not None:
         for k in [k for k in sd if k.endswith('relative_position_bias_table')]:
             stage = int(k.split('.')[1])
             if stage < len(window_sizes):

@@ -1,0 +1,73 @@
+"""Parameters and GMACs of the plugin's backbones.
+
+    python tools/get_flops.py [--family swiftformer|swin|swinv2|all] [--sizes 224x224 800x1333]
+
+Counts multiply-accumulates with mmengine's jit-trace FlopAnalyzer (one MAC per fused multiply-add, the
+convention of the SwiftFormer and Swin papers), plus a handler for ``scaled_dot_product_attention``. Backbone only:
+the paper's SwiftFormer figures (Table 4: 0.6 / 1.0 / 1.6 / 4.0 GMACs at 224x224) include the classifier, whose
+pooling and 1000-way linear add < 0.001 GMACs. Parameters include the four output norms.
+"""
+from __future__ import annotations
+
+import argparse
+import os.path as osp
+import sys
+import warnings
+
+sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
+
+ARCHS = {'swiftformer': ['xs', 's', 'l1', 'l3'], 'swin': ['tiny', 'small', 'base', 'large'],
+         'swinv2': ['tiny', 'small', 'base', 'large']}
+
+
+def _sdpa_handle(inputs, outputs):
+    from mmengine.analysis.jit_handles import get_shape
+    q, k, v = (get_shape(x) for x in inputs[:3])
+    *batch, n, d = q
+    m, dv = k[-2], v[-1]
+    count = 1
+    for b in batch:
+        count *= b
+    return count * n * m * (d + dv)  # q k^T and attn v
+
+
+def complexity(family: str, arch: str, size) -> tuple[int, float]:
+    import torch
+    from mmengine.analysis import FlopAnalyzer
+
+    from mmplugin.models import SwiftFormer, SwinTransformer, SwinTransformerV2
+    cls = {'swiftformer': SwiftFormer, 'swin': SwinTransformer, 'swinv2': SwinTransformerV2}[family]
+    model = cls(arch).eval()
+    params = sum(p.numel() for p in model.parameters())
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter('ignore')
+        fa = FlopAnalyzer(model, (torch.zeros(1, 3, *size), ))
+        fa.set_op_handle('aten::scaled_dot_product_attention', _sdpa_handle)
+        fa.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+        macs = fa.total() / 1e9
+    return params, macs
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--family', choices=['swiftformer', 'swin', 'swinv2', 'all'], default='all')
+    p.add_argument('--sizes', nargs='+', default=['224x224', '800x1333'])
+    args = p.parse_args(argv)
+    sizes = [tuple(int(v) for v in s.lower().split('x')) for s in args.sizes]
+    families = list(ARCHS) if args.family == 'all' else [args.family]
+    header = f'{"model":24s} {"params":>12s}' + ''.join(f' {f"GMACs@{h}x{w}":>16s}' for h, w in sizes)
+    print(header)
+    rows = []
+    for fam in families:
+        for arch in ARCHS[fam]:
+            macs = []
+            for size in sizes:
+                params, m = complexity(fam, arch, size)
+                macs.append(m)
+            rows.append((f'{fam}-{arch}', params, macs))
+            print(f'{fam + "-" + arch:24s} {params:12,d}' + ''.join(f' {m:16.2f}' for m in macs), flush=True)
+    return rows
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,85 @@
+"""Evaluate a checkpoint (COCO bbox/segm AP, ADE20K mIoU, ...) with an mmdet or mmseg config.
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--tta] [--show-dir DIR] [--cfg-options ...]
+        [--launcher none|pytorch|slurm]
+
+Checkpoints written by tools/train.py load on torch >= 2.6 with weights-only semantics (see mmplugin.checkpoint).
+``--tta`` uses the config's ``tta_model`` / ``tta_pipeline`` (multi-scale + flip).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import os.path as osp
+import sys
+
+sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
+
+
+def parse_args(argv=None):
+    from mmengine.config import DictAction
+    p = argparse.ArgumentParser(description='Evaluate a trained detector or segmentor.')
+    p.add_argument('config')
+    p.add_argument('checkpoint')
+    p.add_argument('--work-dir')
+    p.add_argument('--tta', action='store_true', help="test-time augmentation from the config's tta_* entries")
+    p.add_argument('--show-dir', help='save visualised predictions here (inside the work dir)')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
+    p.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = p.parse_args(argv)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import mmplugin  # noqa: F401
+    from mmengine.config import Config
+    from mmengine.runner import Runner
+
+    from mmplugin.checkpoint import CheckpointError, load_checkpoint_file
+    from mmplugin.utils import DatasetMissingError, check_datasets, prepare_runner_cfg
+
+    for what, path in (('config', args.config), ('checkpoint', args.checkpoint)):
+        if not osp.isfile(path):
+            print(f'error: {what} file not found: {path}', file=sys.stderr)
+            return 2
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    try:
+        check_datasets(cfg, splits=('test', ))
+        load_checkpoint_file(args.checkpoint)  # fail fast, with a clear message, on a bad file
+    except (DatasetMissingError, CheckpointError) as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
+    args.resume = None
+    prepare_runner_cfg(cfg, args)
+    cfg.load_from = args.checkpoint
+    cfg.model.get('backbone', {}).pop('init_cfg', None)  # weights come from the checkpoint
+    if args.tta:
+        if 'tta_model' not in cfg or 'tta_pipeline' not in cfg:
+            print('error: --tta needs tta_model and tta_pipeline in the config', file=sys.stderr)
+            return 2
+        cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
+        cfg.tta_model.module = cfg.model
+        cfg.model = cfg.tta_model
+    if args.show_dir:
+        vis = cfg.default_hooks.get('visualization')
+        if vis is not None:
+            vis.draw = True
+            vis.show = False
+            vis.setdefault('interval', 1)
+            if 'img_out_dir' in vis or vis.get('type', '').endswith('SegVisualizationHook'):
+                vis['img_out_dir'] = args.show_dir
+            else:
+                vis['test_out_dir'] = args.show_dir
+    runner = Runner.from_cfg(cfg)
+    metrics = runner.test()
+    print({k: round(float(v), 4) if isinstance(v, (int, float)) else v for k, v in (metrics or {}).items()})
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
