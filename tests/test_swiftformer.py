@@ -316,3 +316,11 @@ def test_bad_input():
         model(torch.rand(1, 1, 64, 64))
     with pytest.raises(ValueError, match=r'shape \(N, 3, H, W\)'):
         model(torch.rand(3, 64, 64))
+
+
+def test_norm_cfg_syncbn_and_gn_out_norms():
+    model = SwiftFormer('xs', norm_cfg=dict(type='SyncBN'), out_norm_cfg=dict(type='GN', num_groups=1)).eval()
+    assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.stages.modules())
+    assert isinstance(model.norm0, torch.nn.GroupNorm)
+    outs = model(torch.rand(1, 3, 64, 64))
+    assert [o.shape[1] for o in outs] == [48, 56, 112, 220]

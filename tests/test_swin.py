@@ -168,10 +168,12 @@ def test_timm_layout(tmp_path, v2):
     _assert_arrived(model, {k: v for k, v in sd.items() if not re.match(r'norm[0-2]\.', k)})
 
 
-def test_mmdet_layout(tmp_path):
+@pytest.mark.parametrize('prefix', ['backbone.', ''])  # mmdet detector checkpoint / mmseg converted backbone
+def test_mmdet_mmseg_layout(tmp_path, prefix):
     src = randomize_(SwinTransformer(SMALL_ARCH, window_size=7), seed=3)
-    mm = {'backbone.' + k: v for k, v in _to_mmdet(src.state_dict()).items()}
-    mm['neck.lateral_convs.0.conv.weight'] = torch.zeros(1)
+    mm = {prefix + k: v for k, v in _to_mmdet(src.state_dict()).items()}
+    if prefix:
+        mm['neck.lateral_convs.0.conv.weight'] = torch.zeros(1)
     model = _load(SwinTransformer, {'state_dict': mm, 'meta': {}}, tmp_path, arch=SMALL_ARCH, window_size=7)
     _assert_arrived(model, src.state_dict())
 

@@ -27,7 +27,7 @@ step "3/5 evaluating the detector on the demo val split (COCO AP)"
 
 if [ -z "${DEMO_SKIP_SEG:-}" ]; then
   SEG_CFG=configs/demo/swiftformer_xs_semfpn_shapes.py
-  step "4/5 training SwiftFormer-XS Semantic FPN from scratch (200 iterations, ~2 min)"
+  step "4/5 training SwiftFormer-XS Semantic FPN from scratch (400 iterations, ~4 min)"
   "$PY" tools/train.py "$SEG_CFG" --work-dir "$OUT/seg" 2>&1 | grep -E --line-buffered "Iter\(train\)|mIoU|Error|error" || true
   seg_ckpt="$(cat "$OUT/seg/last_checkpoint")"
   step "5/5 evaluating the segmentor (mIoU) and drawing a prediction"
