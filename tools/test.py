@@ -32,6 +32,13 @@ def parse_args(argv=None):
     return args
 
 
+def _plain(v):
+    try:
+        return round(float(v), 4)  # numpy scalars print as plain numbers
+    except (TypeError, ValueError):
+        return v
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import mmplugin  # noqa: F401
@@ -77,7 +84,7 @@ def main(argv=None) -> int:
                 vis['test_out_dir'] = args.show_dir
     runner = Runner.from_cfg(cfg)
     metrics = runner.test()
-    print({k: round(float(v), 4) if isinstance(v, (int, float)) else v for k, v in (metrics or {}).items()})
+    print({k: _plain(v) for k, v in (metrics or {}).items()})
     return 0
 
 
