@@ -24,7 +24,7 @@ from torch import nn
 
 from ...converters.swiftformer import convert_swiftformer
 from ...registry import MODELS
-from ..layers import (DropPath, bn_conv1x1, conv_act, conv_add, conv_bn, fuse_bn_conv1x1_, fuse_conv_bn_,
+from ..layers import (DropPath, conv_act, conv_add, conv_bn, folded_bn_conv1x1, fuse_bn_conv1x1_, fuse_conv_bn_,
                       scale_output_, uses_running_stats)
 from .base import BaseBackbone
 
@@ -33,12 +33,21 @@ def _bn(norm_cfg: dict, c: int) -> nn.Module:
     return build_norm_layer(norm_cfg, c)[1]
 
 
-def _scaled_conv(x: torch.Tensor, conv: nn.Conv2d, scale: torch.Tensor | None) -> torch.Tensor:
-    """``scale * conv(x)`` with the per-channel ``scale`` (shape ``(C, 1, 1)``) folded into the conv."""
+def _scaled_weights(conv: nn.Conv2d, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Weight and bias of ``scale * conv(.)`` for a per-channel ``scale`` of shape ``(C, 1, 1)`` (or None)."""
     if scale is None:
-        return conv(x)
+        return conv.weight, conv.bias
     s = scale.reshape(-1)
-    return F.conv2d(x, conv.weight * s.view(-1, 1, 1, 1), None if conv.bias is None else conv.bias * s)
+    return conv.weight * s.view(-1, 1, 1, 1), None if conv.bias is None else conv.bias * s
+
+
+def _residual_conv(y: torch.Tensor, conv: nn.Conv2d, scale: torch.Tensor | None, x: torch.Tensor,
+                   drop_path: nn.Module) -> torch.Tensor:
+    """``x + drop_path(scale * conv(y))``; one fused kernel at inference."""
+    w, b = _scaled_weights(conv, scale)
+    if drop_path.training and drop_path.p > 0:
+        return drop_path(F.conv2d(y, w, b)).add_(x)
+    return conv_add(y, conv, x, w, b)
 
 
 class ConvEncoder(nn.Module):
@@ -62,12 +71,8 @@ class ConvEncoder(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.layer_scale is None and isinstance(self.norm, nn.Identity):  # deployed: BN and scale folded
-            return conv_add(conv_act(self.dwconv(x), self.pwconv1, 'gelu'), self.pwconv2, x)
-        y = conv_bn(x, self.dwconv, self.norm)
-        y = F.gelu(self.pwconv1(y))
-        y = self.drop_path(_scaled_conv(y, self.pwconv2, self.layer_scale))
-        return y.add_(x)  # in place on a fresh tensor: saves a feature-map allocation (conv keeps no output)
+        y = conv_act(conv_bn(x, self.dwconv, self.norm), self.pwconv1, 'gelu')
+        return _residual_conv(y, self.pwconv2, self.layer_scale, x, self.drop_path)
 
     @torch.no_grad()
     def switch_to_deploy(self) -> None:
@@ -141,10 +146,8 @@ class SwiftFormerEncoder(nn.Module):
         # (B, C, H, W) channels_last -> (B, H*W, C) is a view; otherwise permute copies once.
         tokens = x.permute(0, 2, 3, 1).reshape(b, h * w, c)
         y = self.attn(tokens, self.layer_scale_1).reshape(b, h, w, c).permute(0, 3, 1, 2)
-        x = self.drop_path(y).add_(x)
-        if self.layer_scale_2 is None:  # deployed
-            return self.linear.forward_residual(x)
-        return self.drop_path(self.linear(x, self.layer_scale_2)).add_(x)
+        x = self.drop_path(y).add_(x)  # in place on a fresh tensor: one feature-map allocation less
+        return self.linear.forward_residual(x, self.layer_scale_2, self.drop_path)
 
     @torch.no_grad()
     def switch_to_deploy(self) -> None:
@@ -170,12 +173,15 @@ class ConvMlp(nn.Module):
         self.fc1 = nn.Conv2d(dim, hidden, 1)
         self.fc2 = nn.Conv2d(hidden, dim, 1)
 
-    def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None) -> torch.Tensor:
-        return _scaled_conv(F.gelu(bn_conv1x1(x, self.norm1, self.fc1)), self.fc2, out_scale)
-
-    def forward_residual(self, x: torch.Tensor) -> torch.Tensor:
-        """``x + fc2(GELU(fc1(x)))`` after deployment (BN and layer scale folded), fused where possible."""
-        return conv_add(conv_act(self.norm1(x), self.fc1, 'gelu'), self.fc2, x)
+    def forward_residual(self, x: torch.Tensor, out_scale: torch.Tensor | None,
+                         drop_path: nn.Module) -> torch.Tensor:
+        """``x + drop_path(out_scale * fc2(GELU(fc1(BN(x)))))``; BN and scale folded at inference."""
+        if uses_running_stats(self.norm1):
+            w1, b1 = folded_bn_conv1x1(self.norm1, self.fc1)
+            h = conv_act(x, self.fc1, 'gelu', w1, b1)
+        else:
+            h = conv_act(self.norm1(x), self.fc1, 'gelu')
+        return _residual_conv(h, self.fc2, out_scale, x, drop_path)
 
     @torch.no_grad()
     def switch_to_deploy(self, out_scale: torch.Tensor | None) -> None:
@@ -196,8 +202,7 @@ class ConvNormAct(nn.Module):
         self.act = act
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = conv_bn(x, self.proj, self.norm)
-        return F.relu(x) if self.act else x
+        return conv_bn(x, self.proj, self.norm, 'relu' if self.act else None)
 
     @torch.no_grad()
     def switch_to_deploy(self) -> None:
@@ -328,10 +333,7 @@ class SwiftFormer(BaseBackbone):
 
     def _stem_forward(self, x: torch.Tensor) -> torch.Tensor:
         s = self.stem
-        if isinstance(s[1], nn.Identity):  # deployed
-            return conv_act(conv_act(x, s[0], 'relu'), s[3], 'relu')
-        x = F.relu(conv_bn(x, s[0], s[1]))
-        return F.relu(conv_bn(x, s[3], s[4]))
+        return conv_bn(conv_bn(x, s[0], s[1], 'relu'), s[3], s[4], 'relu')
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Args: x: images ``(B, in_channels, H, W)``. Returns: one ``(B, C_i, ceil(H/2^(i+2)), ...)`` per index."""

@@ -38,23 +38,38 @@ def folded_conv_bn(conv: nn.Conv2d, bn: _BatchNorm) -> tuple[torch.Tensor, torch
     return w, b
 
 
-def conv_bn(x: torch.Tensor, conv: nn.Conv2d, bn: nn.Module) -> torch.Tensor:
-    """``bn(conv(x))``, as one convolution when ``bn`` uses running statistics."""
-    if uses_running_stats(bn):
-        w, b = folded_conv_bn(conv, bn)
+def conv_bn(x: torch.Tensor, conv: nn.Conv2d, bn: nn.Module, act: str | None = None) -> torch.Tensor:
+    """``act(bn(conv(x)))`` (``act`` in {None, 'relu', 'gelu'}), as one convolution when ``bn`` uses running
+    statistics or was folded away (``nn.Identity``), fused with the activation where oneDNN allows."""
+    if uses_running_stats(bn) or isinstance(bn, nn.Identity):
+        w, b = folded_conv_bn(conv, bn) if uses_running_stats(bn) else (conv.weight, conv.bias)
+        if act is not None:
+            return conv_act(x, conv, act, w, b)
         return F.conv2d(x, w, b, conv.stride, conv.padding, conv.dilation, conv.groups)
-    return bn(conv(x))
+    y = bn(conv(x))
+    return _act(y, act)
+
+
+def _act(y: torch.Tensor, act: str | None) -> torch.Tensor:
+    if act is None:
+        return y
+    return F.relu(y) if act == 'relu' else F.gelu(y)
+
+
+def folded_bn_conv1x1(bn: _BatchNorm, conv: nn.Conv2d) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weight and bias of a 1x1 ``conv`` with the preceding eval-mode ``bn`` folded in."""
+    s, t = bn_scale_shift(bn)
+    b = conv.weight.flatten(1) @ t
+    if conv.bias is not None:
+        b = b + conv.bias
+    return conv.weight * s.view(1, -1, 1, 1), b
 
 
 def bn_conv1x1(x: torch.Tensor, bn: nn.Module, conv: nn.Conv2d) -> torch.Tensor:
     """``conv(bn(x))`` for a 1x1 ``conv``, as one convolution when ``bn`` uses running statistics."""
     if uses_running_stats(bn):
-        s, t = bn_scale_shift(bn)
-        w2d = conv.weight.flatten(1)
-        b = w2d @ t
-        if conv.bias is not None:
-            b = b + conv.bias
-        return F.conv2d(x, conv.weight * s.view(1, -1, 1, 1), b)
+        w, b = folded_bn_conv1x1(bn, conv)
+        return F.conv2d(x, w, b)
     return conv(bn(x))
 
 
@@ -105,21 +120,28 @@ def can_fuse_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
 
-def conv_act(x: torch.Tensor, conv: nn.Conv2d, act: str) -> torch.Tensor:
-    """``act(conv(x))`` with ``act`` in {'relu', 'gelu'} (exact erf GELU), one oneDNN kernel when possible."""
-    if can_fuse_onednn(x, conv.weight):
-        return torch.ops.mkldnn._convolution_pointwise(x, conv.weight, conv.bias, list(conv.padding),
-                                                       list(conv.stride), list(conv.dilation), conv.groups, act, [],
+def conv_act(x: torch.Tensor, conv: nn.Conv2d, act: str, weight: torch.Tensor | None = None,
+             bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``act(conv(x))`` with ``act`` in {'relu', 'gelu'} (exact erf GELU), one oneDNN kernel when possible.
+
+    ``weight`` / ``bias`` replace the conv's own (e.g. with a BatchNorm folded in); geometry comes from ``conv``.
+    """
+    w = conv.weight if weight is None else weight
+    b = conv.bias if weight is None else bias
+    if can_fuse_onednn(x, w):
+        return torch.ops.mkldnn._convolution_pointwise(x, w, b, list(conv.padding), list(conv.stride),
+                                                       list(conv.dilation), conv.groups, act, [],
                                                        'none' if act == 'gelu' else None)
-    y = conv(x)
-    return F.relu(y) if act == 'relu' else F.gelu(y)
+    return _act(F.conv2d(x, w, b, conv.stride, conv.padding, conv.dilation, conv.groups), act)
 
 
-def conv_add(x: torch.Tensor, conv: nn.Conv2d, residual: torch.Tensor) -> torch.Tensor:
-    """``conv(x) + residual``, one oneDNN kernel when possible."""
-    if can_fuse_onednn(x, conv.weight) and residual.shape[1] == conv.out_channels:
-        return torch.ops.mkldnn._convolution_pointwise.binary(x, residual, conv.weight, conv.bias,
-                                                              list(conv.padding), list(conv.stride),
-                                                              list(conv.dilation), conv.groups, 'add', None, None,
-                                                              [], None)
-    return conv(x).add_(residual)
+def conv_add(x: torch.Tensor, conv: nn.Conv2d, residual: torch.Tensor, weight: torch.Tensor | None = None,
+             bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``conv(x) + residual`` (optionally with replacement ``weight`` / ``bias``), one oneDNN kernel when possible."""
+    w = conv.weight if weight is None else weight
+    b = conv.bias if weight is None else bias
+    if can_fuse_onednn(x, w) and not residual.requires_grad:
+        return torch.ops.mkldnn._convolution_pointwise.binary(x, residual, w, b, list(conv.padding),
+                                                              list(conv.stride), list(conv.dilation), conv.groups,
+                                                              'add', None, None, [], None)
+    return F.conv2d(x, w, b, conv.stride, conv.padding, conv.dilation, conv.groups).add_(residual)
