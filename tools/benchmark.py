@@ -102,7 +102,8 @@ def _peak_memory_child(family, arch, name, size, with_cp, device_str):
     import resource
     device = torch.device(device_str)
     models = build(family, arch, device)
-    model = models[name].train()
+    model = models[name]
+    model.train()  # mmdet's Swin.train() returns None
     if with_cp and hasattr(model, 'with_cp'):
         model.with_cp = True
         for m in model.modules():
