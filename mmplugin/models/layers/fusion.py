@@ -65,14 +65,6 @@ def folded_bn_conv1x1(bn: _BatchNorm, conv: nn.Conv2d) -> tuple[torch.Tensor, to
     return conv.weight * s.view(1, -1, 1, 1), b
 
 
-def bn_conv1x1(x: torch.Tensor, bn: nn.Module, conv: nn.Conv2d) -> torch.Tensor:
-    """``conv(bn(x))`` for a 1x1 ``conv``, as one convolution when ``bn`` uses running statistics."""
-    if uses_running_stats(bn):
-        w, b = folded_bn_conv1x1(bn, conv)
-        return F.conv2d(x, w, b)
-    return conv(bn(x))
-
-
 @torch.no_grad()
 def fuse_conv_bn_(conv: nn.Conv2d, bn: _BatchNorm) -> nn.Conv2d:
     """Return a new conv equal to ``bn(conv(.))`` in eval mode (for deployment)."""
@@ -87,11 +79,10 @@ def fuse_conv_bn_(conv: nn.Conv2d, bn: _BatchNorm) -> nn.Conv2d:
 @torch.no_grad()
 def fuse_bn_conv1x1_(bn: _BatchNorm, conv: nn.Conv2d) -> nn.Conv2d:
     """Return a new 1x1 conv equal to ``conv(bn(.))`` in eval mode (for deployment)."""
-    s, t = bn_scale_shift(bn)
-    fused = nn.Conv2d(conv.in_channels, conv.out_channels, 1, bias=True).to(conv.weight)
-    fused.weight.copy_(conv.weight * s.view(1, -1, 1, 1))
-    b = conv.weight.flatten(1) @ t
-    fused.bias.copy_(b if conv.bias is None else b + conv.bias)
+    w, b = folded_bn_conv1x1(bn, conv)
+    fused = nn.Conv2d(conv.in_channels, conv.out_channels, 1, bias=True).to(w)
+    fused.weight.copy_(w)
+    fused.bias.copy_(b)
     return fused
 
 
