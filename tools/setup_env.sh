@@ -118,6 +118,9 @@ fi
 
 # ---------------------------------------------------------------- mmdet, mmseg, mmplugin
 say "installing mmdet, mmsegmentation and mmplugin (editable, with test extras)"
-"${PIP[@]}" install -q --no-build-isolation -e "$ROOT[tests]"
+if ! PYTHONWARNINGS=ignore "${PIP[@]}" install -q --no-build-isolation -e "$ROOT[tests]" > "$VENV/.pip-install.log" 2>&1; then
+  cat "$VENV/.pip-install.log" >&2
+  die "installing mmdet / mmsegmentation / mmplugin failed (full log above)"
+fi
 "$VPY" -c "import mmplugin, mmcv.ops, mmdet, mmseg; print('[setup] ok: mmplugin', mmplugin.__version__, '| mmcv', __import__('mmcv').__version__, '| mmdet', mmdet.__version__, '| mmseg', mmseg.__version__, '| torch', __import__('torch').__version__)"
 echo "$want_stamp" > "$STAMP"
