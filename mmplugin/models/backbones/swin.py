@@ -191,19 +191,20 @@ class _SwinBase(BaseBackbone):
         self._freeze_stages()
 
     def _default_init(self) -> None:
-        for name, m in self.named_modules():
-            if isinstance(m, nn.Linear) and '.cpb_mlp.' not in f'.{name}.':
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
                 trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.LayerNorm):
                 nn.init.ones_(m.weight)
                 nn.init.zeros_(m.bias)
-        if self.v2:  # res-post-norm blocks start as identity-ish, as in the official V2 init
+        if self.v2:  # res-post-norms start at zero, so every block starts as the identity (official V2 init)
             for stage in self.layers:
                 for blk in stage.blocks:
-                    nn.init.zeros_(blk.norm1.bias)
-                    nn.init.zeros_(blk.norm2.bias)
+                    for norm in (blk.norm1, blk.norm2):
+                        nn.init.zeros_(norm.weight)
+                        nn.init.zeros_(norm.bias)
 
     def _frozen_modules(self) -> list[nn.Module]:
         mods: list[nn.Module] = []

@@ -8,8 +8,8 @@ Speed, compared with the usual roll -> partition -> attention -> reverse -> roll
 
 * the cyclic shift and the window partition are one ``index_select`` with a cached permutation, and the
   reverse + un-shift + crop is another, so each direction copies the map once instead of two or three times;
-* the shift mask is built with tensor ops once per (padded size, window, shift, device) and cached; blocks of a
-  stage share it (``WindowGeometry``);
+* the shift mask is built with tensor ops once per stage and forward from cached per-position region labels;
+  blocks of a stage share it (``WindowGeometry``), and the cache holds only small index tensors;
 * a block's relative position bias is gathered once per forward, added to the mask once, and handed to
   :func:`torch.nn.functional.scaled_dot_product_attention` as a float mask;
 * V2's per-head logit scale is folded into the normalised queries, so SDPA runs with ``scale=1``.
@@ -27,14 +27,15 @@ MASK_VALUE = -100.0  # the fill value of every Swin implementation; finite, so s
 
 
 # ---------------------------------------------------------------------------------------------------- geometry
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=64)
 def _window_index(h: int, w: int, ws: int, shift: int, device: torch.device):
-    """Cached gather indices and shift mask for an ``h x w`` map padded to ``Hp x Wp``.
+    """Cached gather indices and shift-region labels for an ``h x w`` map padded to ``Hp x Wp``.
 
     Returns:
         fwd: ``(Hp*Wp,)`` long; position ``p`` of the windowed sequence reads flat padded position ``fwd[p]``.
         inv: ``(h*w,)`` long; flat unpadded position ``q`` reads windowed position ``inv[q]``.
-        mask: ``(nW, ws*ws, ws*ws)`` float, 0 within a shift region and ``MASK_VALUE`` across; None if no shift.
+        label: ``(nW, ws*ws)`` uint8 shift-region label of every windowed position; None if no shift. Only these
+            small tensors are cached; the ``(nW, N, N)`` mask is built from them once per stage and forward.
     """
     hp, wp = math.ceil(h / ws) * ws, math.ceil(w / ws) * ws
     rows = (torch.arange(hp, device=device) + shift) % hp  # rolled map (i, j) reads padded (i+s, j+s)
@@ -44,15 +45,14 @@ def _window_index(h: int, w: int, ws: int, shift: int, device: torch.device):
     pos = torch.empty_like(fwd)
     pos[fwd] = torch.arange(fwd.numel(), device=device)  # padded flat position -> windowed position
     inv = pos.view(hp, wp)[:h, :w].reshape(-1)
-    mask = None
+    label = None
     if shift > 0:
         def region(n):
             idx = torch.arange(n, device=device)
             return (idx >= n - ws).long() + (idx >= n - shift).long()
         label = region(hp)[:, None] * 3 + region(wp)[None, :]
-        label = label.view(hp // ws, ws, wp // ws, ws).permute(0, 2, 1, 3).reshape(-1, ws * ws)
-        mask = (label[:, :, None] != label[:, None, :]).float() * MASK_VALUE
-    return fwd, inv, mask
+        label = label.view(hp // ws, ws, wp // ws, ws).permute(0, 2, 1, 3).reshape(-1, ws * ws).to(torch.uint8)
+    return fwd, inv, label
 
 
 class WindowGeometry:
@@ -61,7 +61,9 @@ class WindowGeometry:
     def __init__(self, h: int, w: int, ws: int, shift: int, device: torch.device):
         self.h, self.w, self.ws, self.shift = h, w, ws, shift
         self.hp, self.wp = math.ceil(h / ws) * ws, math.ceil(w / ws) * ws
-        self.fwd, self.inv, self.mask = _window_index(h, w, ws, shift, device)
+        self.fwd, self.inv, label = _window_index(h, w, ws, shift, device)
+        # (nW, N, N): 0 within a shift region, MASK_VALUE across
+        self.mask = None if label is None else (label[:, :, None] != label[:, None, :]).float() * MASK_VALUE
 
     def partition(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, H, W, C)`` -> ``(B * nW, ws*ws, C)``: pad bottom/right, cyclic shift, cut windows."""
