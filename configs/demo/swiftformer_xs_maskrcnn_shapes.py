@@ -66,3 +66,5 @@ default_hooks = dict(
     checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=100, max_keep_ckpts=2))
 log_processor = dict(by_epoch=False)
 auto_scale_lr = dict(enable=False, base_batch_size=4)
+
+randomness = dict(seed=0)  # reproducible demo runs
