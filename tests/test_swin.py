@@ -178,6 +178,13 @@ def test_mmdet_mmseg_layout(tmp_path, prefix):
     _assert_arrived(model, src.state_dict())
 
 
+def test_plugin_to_mmdet_matches_documented_rules():
+    from mmplugin.converters.swin import plugin_to_mmdet_swin
+    sd = randomize_(SwinTransformer(SMALL_ARCH, window_size=7), seed=9).state_dict()
+    ours, ref = plugin_to_mmdet_swin(sd), _to_mmdet(sd)
+    assert ours.keys() == ref.keys() and all(torch.equal(ours[k], ref[k]) for k in ref)
+
+
 def test_mmpretrain_v2_layout(tmp_path):
     src = randomize_(SwinTransformerV2(SMALL_ARCH, window_size=8), seed=4)
     out = {}

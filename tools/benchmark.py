@@ -59,9 +59,8 @@ def _swin_models(arch: str, device, window: int = 7):
     s = ours.resolve_arch(arch)
     theirs = MMDetSwin(embed_dims=s['embed_dims'], depths=s['depths'], num_heads=s['num_heads'],
                        window_size=window, drop_path_rate=0.0)
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'tests'))
-    from test_swin import _to_mmdet  # the same weights in mmdet's layout
-    theirs.load_state_dict(_to_mmdet(ours.state_dict()), strict=False)
+    from mmplugin.converters.swin import plugin_to_mmdet_swin
+    theirs.load_state_dict(plugin_to_mmdet_swin(ours.state_dict()), strict=False)  # the same weights
     return {'mmdet-swin': theirs, 'mmplugin': ours,
             'mmplugin-v2': SwinTransformerV2(arch, window_size=8, drop_path_rate=0.0)}
 

@@ -25,7 +25,7 @@ from ..checkpoint import CheckpointError
 from .common import rename_keys
 
 __all__ = ['detect_swin_layout', 'detect_swin_version', 'convert_swin', 'resize_bias_table', 'unfold_to_official',
-           'official_to_unfold']
+           'official_to_unfold', 'plugin_to_mmdet_swin']
 
 _DERIVED = ('relative_position_index', 'relative_coords_table', 'attn_mask', 'k_bias')
 _MERGE_PERM = [0, 2, 1, 3]  # unfold kernel position (r*2+c) <-> official block order [(0,0),(1,0),(0,1),(1,1)]
@@ -152,3 +152,20 @@ def convert_swin(sd: dict[str, torch.Tensor], version: int = 1, window_sizes=(7,
             if stage < len(window_sizes):
                 sd[k] = resize_bias_table(sd[k], window_sizes[stage], k)
     return sd, dropped
+
+
+def plugin_to_mmdet_swin(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Plugin (official-name) Swin V1 state dict -> mmdet / mmseg ``SwinTransformer`` layout (no prefix).
+
+    The inverse of the ``openmmlab`` branch of :func:`convert_swin`: used to run mmdet's Swin with the plugin's
+    weights (``tools/benchmark.py``) and to hand weights back to stock mmdet / mmseg.
+    """
+    out = {}
+    for k, v in sd.items():
+        if '.downsample.reduction.' in k or '.downsample.norm.' in k:
+            v = official_to_unfold(v)
+        k = re.sub(r'^layers\.', 'stages.', k)
+        k = k.replace('.attn.', '.attn.w_msa.').replace('.mlp.fc1.', '.ffn.layers.0.0.')
+        k = k.replace('.mlp.fc2.', '.ffn.layers.1.').replace('patch_embed.proj.', 'patch_embed.projection.')
+        out[k] = v
+    return out
