@@ -1,4 +1,4 @@
-"""Issue 2: registry, safe checkpoint loading of real runner checkpoints, refusal of malicious pickles, atomic
+"""Registry, safe checkpoint loading of real runner checkpoints, refusal of malicious pickles, atomic
 writes, helpful errors."""
 from __future__ import annotations
 

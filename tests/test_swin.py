@@ -1,4 +1,5 @@
-"""Issue 4: Swin V1/V2: any size, equality with mmdet's Swin and the official formulation, every weight layout."""
+"""Swin V1/V2 specifics: any size, equality with mmdet's Swin and the official formulation, every weight layout,
+V2 position-bias details. The shared backbone contract is in test_conformance.py."""
 from __future__ import annotations
 
 import math
@@ -49,6 +50,41 @@ def test_v2_pretrained_window_size_changes_the_bias():
         same = SwinTransformerV2(SMALL_ARCH, window_size=12, pretrained_window_size=12, drop_path_rate=0.).eval()
         same.load_state_dict(model.state_dict())
         assert rel_err(same(x)[0], got[0]) > 1e-4
+
+
+@pytest.mark.parametrize('v2,ws,hw,windows,shifts', [
+    # Swin-T at its 224 pretraining size: the 7x7 last map equals the window, so its shift is dropped
+    (False, 7, (224, 224), [7, 7, 7, 7], (True, True, True, False)),
+    # Swin V2 w16 at 256: stage 3 (16x16) loses its shift, stage 4 (8x8) is one 8x8 window without shift
+    (True, 16, (256, 256), [16, 16, 16, 8], (True, True, False, False)),
+    # a map smaller than the window on one side only: min(H, W) decides, the rest is padded
+    (True, 8, (200, 120), [8, 8, 8, 4], (True, True, False, False)),  # maps 50x30, 25x15, 13x8, 7x4
+    (False, 7, (200, 120), [7, 7, 7, 4], (True, True, True, False)),
+])
+def test_pad_small_map_false_is_the_classification_formulation(v2, ws, hw, windows, shifts):
+    """pad_small_map=False equals the official classification code built for this input size (window shrunk to
+    a small map, shift dropped); the default (padding, detection code) differs on the same input."""
+    cls = SwinTransformerV2 if v2 else SwinTransformer
+    model = randomize_(cls(SMALL_ARCH, window_size=ws, drop_path_rate=0.0, pad_small_map=False), seed=3).eval()
+    ref = ReferenceSwin(SMALL_ARCH['embed_dims'], SMALL_ARCH['depths'], SMALL_ARCH['num_heads'], windows, v2, 0,
+                        shifts).eval()
+    sd = model.state_dict()
+    if not v2:  # the official code builds a table for the small window: the same offsets, i.e. the centre
+        for i, w in enumerate(windows):
+            for j in range(SMALL_ARCH['depths'][i]):
+                k = f'layers.{i}.blocks.{j}.attn.relative_position_bias_table'
+                full = sd[k].view(2 * ws - 1, 2 * ws - 1, -1)
+                lo = ws - w
+                sd[k] = full[lo:lo + 2 * w - 1, lo:lo + 2 * w - 1].reshape(-1, full.shape[-1])
+    ref.load_state_dict(sd)
+    x = torch.randn(1, 3, *hw)
+    padded = cls(SMALL_ARCH, window_size=ws, drop_path_rate=0.0).eval()
+    padded.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        got, want, other = model(x), ref(x), padded(x)
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < 1e-4
+    assert rel_err(other[3], want[3]) > 1e-3, 'the default must differ, or the test proves nothing'
 
 
 def test_sizes_change_between_calls_no_stale_mask():
@@ -148,7 +184,14 @@ def test_v2_window8_into_window16_regenerates_coords(tmp_path):
                   pretrained_window_size=[8, 8, 8, 8])
     attn = model.layers[0].blocks[0].attn
     assert attn.relative_coords_table.shape == (31, 31, 2)
-    assert attn.relative_coords_table.abs().max() > 1.0  # extrapolates beyond the pretrained range
+    # official V2 formulation, written out per offset: t = d / (pretrained_ws - 1) * 8, sign(t) log2(1 + |t|) / 3
+    table = attn.relative_coords_table
+    for d in (-15, -8, -1, 0, 1, 7, 15):
+        t = d / 7 * 8
+        want = math.copysign(math.log2(1 + abs(t)) / 3, t) if d else 0.0
+        assert table[d + 15, 0, 0].item() == pytest.approx(want, abs=1e-6)  # row offset
+        assert table[0, d + 15, 1].item() == pytest.approx(want, abs=1e-6)  # column offset
+        assert table[d + 15, 3, 0].item() == pytest.approx(want, abs=1e-6)  # independent of the other axis
     _assert_arrived(model, sd)
 
 
@@ -218,38 +261,8 @@ def test_version_mismatch_and_bad_shapes(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ options
-def test_frozen_stages_from_construction():
-    model = SwinTransformer(SMALL_ARCH, frozen_stages=1)
-    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
-    assert frozen == {n for n, _ in model.named_parameters() if n.startswith(('patch_embed.', 'layers.0.', 'norm0.'))}
-    model.train()
-    assert not model.layers[0].training and model.layers[1].training
-    outs = model(torch.randn(1, 3, 64, 64))
-    sum(o.sum() for o in outs).backward()
-    assert all(p.grad is not None for n, p in model.named_parameters() if n not in frozen)
-
-
-@pytest.mark.parametrize('v2', [False, True])
-def test_with_cp_same_outputs_and_grads(v2):
-    cls = SwinTransformerV2 if v2 else SwinTransformer
-    a = randomize_(cls(SMALL_ARCH, drop_path_rate=0.0), seed=5).train()
-    b = cls(SMALL_ARCH, drop_path_rate=0.0, with_cp=True).train()
-    b.load_state_dict(a.state_dict())
-    x = torch.randn(2, 3, 70, 90, requires_grad=True)
-    oa, ob = a(x), b(x)
-    for p, q in zip(oa, ob):
-        assert rel_err(q, p) < 1e-5
-    sum(o.pow(2).mean() for o in oa).backward()
-    ga = {n: p.grad.clone() for n, p in a.named_parameters()}
-    sum(o.pow(2).mean() for o in ob).backward()
-    for n, p in b.named_parameters():
-        assert rel_err(p.grad, ga[n]) < 1e-4, n
-
-
-@pytest.mark.parametrize('v2', [False, True])
-def test_bf16_autocast_finite(v2):
-    cls = SwinTransformerV2 if v2 else SwinTransformer
-    model = cls(SMALL_ARCH).train()
+def test_v2_bf16_logit_scale_is_clamped():
+    model = SwinTransformerV2(SMALL_ARCH).train()
     with torch.no_grad():
         for m in model.modules():
             if hasattr(m, 'logit_scale'):
@@ -260,6 +273,9 @@ def test_bf16_autocast_finite(v2):
     loss.backward()
     assert all(torch.isfinite(o.float()).all() for o in outs)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    scales = [m.logit_scale for m in model.modules() if hasattr(m, 'logit_scale')]
+    assert scales and all(s.grad is not None and torch.all(s.grad == 0) for s in scales), \
+        'a clamped logit scale receives no gradient'
 
 
 def test_arch_aliases_and_outputs():
@@ -272,8 +288,13 @@ def test_arch_aliases_and_outputs():
 
 @pytest.mark.parametrize('cls,kwargs,match', [
     (SwinTransformer, dict(arch='huge'), "unknown arch 'huge'"),
-    (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6, 2])), 'lacks'),
-    (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6], num_heads=[3, 6, 12])), '4 entries'),
+    (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6, 2])), r"missing \['num_heads'\]"),
+    (SwinTransformer, dict(arch=dict(embed_dims=[96] * 4, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24])),
+     'embed_dims is the stage-1 width'),
+    (SwinTransformer, dict(window_size=7.5), 'window_size must hold ints'),
+    (SwinTransformer, dict(drop_path_rate=1.0), r'drop_path_rate must be a number in \[0, 1\)'),
+    (SwinTransformer, dict(drop_path_rate=-0.1), 'drop_path_rate'),
+    (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6], num_heads=[3, 6, 12])), 'list of 4'),
     (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[5, 6, 12, 24])), 'divisible'),
     (SwinTransformer, dict(window_size=0), 'window_size must be >= 1'),
     (SwinTransformer, dict(pretrained_window_size=8), 'V2 option'),
@@ -282,11 +303,3 @@ def test_arch_aliases_and_outputs():
 def test_bad_construction(cls, kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         cls(**kwargs)
-
-
-def test_bad_input():
-    model = SwinTransformer(SMALL_ARCH)
-    with pytest.raises(ValueError, match='expected 3 input channels, got 4'):
-        model(torch.rand(1, 4, 64, 64))
-    with pytest.raises(ValueError, match='expected an image batch'):
-        model(torch.rand(1, 1, 3, 64, 64))

@@ -1,11 +1,9 @@
 """Backbone speed and peak memory, side by side in one process, printed as ratios and drawn as a PNG.
 
-Peers are the implementations a user would otherwise pick, run with the same weights:
-
-* ``swiftformer``: the official formulation (:mod:`mmplugin.reference.swiftformer`: NCHW, separate BatchNorms,
-  layer-scale multiplies, the query repeated over tokens), the plugin in eval mode, the plugin after
-  ``switch_to_deploy()``, and mmdet's ResNet-50 / ResNet-18;
-* ``swin``: mmdet's ``SwinTransformer`` and the plugin's, V1 (and the plugin's V2 for reference).
+Any registered backbone family can be timed. Peers are the implementations a user would otherwise pick, declared
+by each family (``benchmark_peers``) and run with the same weights where the layouts allow; e.g. SwiftFormer: the
+official formulation, the plugin after ``switch_to_deploy()``, mmdet's ResNet-50 / ResNet-18; Swin V1: mmdet's
+``SwinTransformer``. The first peer is the baseline of the ratios; a family without peers is timed alone.
 
 Timings interleave the models round by round and report medians, so machine noise hits all of them alike; only
 ratios are meaningful on shared machines. Peak memory of a training step (forward + backward) is measured in a
@@ -31,42 +29,16 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
 
-def _swiftformer_models(arch: str, device):
-    from mmdet.models.backbones import ResNet
-    from mmplugin.converters import convert_swiftformer
-    from mmplugin.models import SwiftFormer
-    from mmplugin.reference.swiftformer import ReferenceSwiftFormer
-    s = SwiftFormer.arch_zoo[arch]
-    ref = ReferenceSwiftFormer(s['depths'], s['embed_dims'])
-    ours = SwiftFormer(arch)
-    ours.load_state_dict(convert_swiftformer(ref.state_dict())[0])
-    deploy = SwiftFormer(arch)
-    deploy.load_state_dict(ours.state_dict())
-    deploy.eval().switch_to_deploy()
-    return {
-        'official': ref,
-        'mmplugin': ours,
-        'mmplugin-deploy': deploy,
-        'mmdet-R50': ResNet(50),
-        'mmdet-R18': ResNet(18),
-    }
-
-
-def _swin_models(arch: str, device, window: int = 7):
-    from mmdet.models.backbones import SwinTransformer as MMDetSwin
-    from mmplugin.models import SwinTransformer, SwinTransformerV2
-    ours = SwinTransformer(arch, window_size=window, drop_path_rate=0.0)
-    s = ours.resolve_arch(arch)
-    theirs = MMDetSwin(embed_dims=s['embed_dims'], depths=s['depths'], num_heads=s['num_heads'],
-                       window_size=window, drop_path_rate=0.0)
-    from mmplugin.converters.swin import plugin_to_mmdet_swin
-    theirs.load_state_dict(plugin_to_mmdet_swin(ours.state_dict()), strict=False)  # the same weights
-    return {'mmdet-swin': theirs, 'mmplugin': ours,
-            'mmplugin-v2': SwinTransformerV2(arch, window_size=8, drop_path_rate=0.0)}
-
-
-def build(family: str, arch: str, device):
-    models = _swiftformer_models(arch, device) if family == 'swiftformer' else _swin_models(arch, device)
+def build(family: str, arch: str, device) -> dict[str, torch.nn.Module]:
+    """The family's peers (its :meth:`benchmark_peers`, baseline first) and the plugin model, same weights."""
+    from mmplugin.models.backbones.base import get_family
+    cls = get_family(family)
+    ours = cls(arch)
+    peers = cls.benchmark_peers(arch, ours)
+    models = {**peers, 'mmplugin': ours} if peers else {'mmplugin': ours}
+    if peers:  # keep the baseline first, the plugin second
+        first = next(iter(peers))
+        models = {first: peers[first], 'mmplugin': ours, **{k: v for k, v in peers.items() if k != first}}
     for m in models.values():
         m.to(device)
         m.eval()
@@ -103,11 +75,13 @@ def _peak_memory_child(family, arch, name, size, with_cp, device_str):
     models = build(family, arch, device)
     model = models[name]
     model.train()  # mmdet's Swin.train() returns None
-    if with_cp and hasattr(model, 'with_cp'):
-        model.with_cp = True
-        for m in model.modules():
-            if hasattr(m, 'with_cp'):
-                m.with_cp = True
+    if with_cp:
+        if hasattr(model, 'set_grad_checkpointing'):
+            model.set_grad_checkpointing(True)
+        elif hasattr(model, 'with_cp'):  # OpenMMLab backbones read their blocks' with_cp
+            for m in model.modules():
+                if hasattr(m, 'with_cp'):
+                    m.with_cp = True
     x = torch.randn(2, 3, *size, device=device)
     for k, m in models.items():
         if k != name:
@@ -142,8 +116,10 @@ def parse_size(s: str) -> tuple[int, int]:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('family', choices=['swiftformer', 'swin'])
-    parser.add_argument('--arch', default=None, help="backbone arch (default: 'l1' / 'tiny')")
+    import mmplugin  # noqa: F401  (registers the families)
+    from mmplugin.models.backbones.base import FAMILIES
+    parser.add_argument('family', choices=list(FAMILIES))
+    parser.add_argument('--arch', default=None, help="backbone arch (default: the family's first arch)")
     parser.add_argument('--sizes', nargs='+', type=parse_size, default=[(800, 1216)], help='HxW input sizes')
     parser.add_argument('--rounds', type=int, default=5, help='timed forwards per model and size')
     parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
@@ -155,11 +131,11 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    arch = args.arch or ('l1' if args.family == 'swiftformer' else 'tiny')
+    arch = args.arch or FAMILIES[args.family].default_arch()
     device = torch.device(args.device)
     torch.manual_seed(0)
     models = build(args.family, arch, device)
-    baseline = 'official' if args.family == 'swiftformer' else 'mmdet-swin'
+    baseline = next(iter(models))
     results = {'family': args.family, 'arch': arch, 'device': str(device), 'sizes': {}}
     print(f'{args.family} {arch} on {device} ({torch.get_num_threads()} threads), median of {args.rounds} rounds')
     for size in args.sizes:
@@ -172,10 +148,11 @@ def main(argv=None):
         size = args.sizes[0]
         print(f'\ntraining-step peak memory at batch 2, {size[0]}x{size[1]} (MiB, ratio to {baseline}):')
         mem = {}
-        names = [baseline, 'mmplugin']
+        names = list(dict.fromkeys([baseline, 'mmplugin']))
         for name in names:
             for cp in (False, True):
-                if cp and name == 'official':
+                if cp and not hasattr(models[name], 'with_cp') and not hasattr(models[name],
+                                                                                'set_grad_checkpointing'):
                     continue
                 mem[f'{name}{" +with_cp" if cp else ""}'] = peak_memory(args.family, arch, name, size, cp, device)
         base = mem[baseline]

@@ -1,6 +1,6 @@
-"""Convert an official / timm / OpenMMLab SwiftFormer or Swin checkpoint to the plugin's format.
+"""Convert an official / timm / OpenMMLab backbone checkpoint (any registered family) to the plugin's format.
 
-    python tools/convert_checkpoint.py SRC DST [--family swiftformer|swin|swinv2] [--window-size 12]
+    python tools/convert_checkpoint.py SRC DST [--family NAME] [--window-size 12]
         [--out-indices 0 1 2 3]
 
 The conversion is the same pure function the backbones apply to ``init_cfg=dict(type='Pretrained', ...)`` (so
@@ -18,34 +18,26 @@ import sys
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
 
 
-def detect_family(sd) -> str:
-    if any(k.startswith(('network.', 'stem.')) for k in sd):
-        return 'swiftformer'
-    if any(k.endswith('relative_position_bias_table') for k in sd):
-        return 'swin'
-    if any('cpb_mlp' in k for k in sd):
-        return 'swinv2'
-    raise SystemExit('error: cannot tell the model family from the keys; pass --family')
-
-
 def convert(src: str, dst: str, family: str | None = None, window_size=None, out_indices=(0, 1, 2, 3)) -> dict:
+    """Read ``src`` (weights-only), convert it with its family's converter, write ``dst`` atomically."""
     import torch
 
     from mmplugin.checkpoint import atomic_write_bytes, load_checkpoint_file
-    from mmplugin.converters import convert_swiftformer, convert_swin, unwrap_state_dict
+    from mmplugin.converters import unwrap_state_dict
+    from mmplugin.models.backbones.base import detect_family, get_family
     sd = unwrap_state_dict(load_checkpoint_file(src))
-    family = family or detect_family(sd)
-    if family == 'swiftformer':
-        out, dropped = convert_swiftformer(sd, out_indices=out_indices)
-    else:
-        windows = None if window_size is None else [window_size] * 4
-        out, dropped = convert_swin(sd, version=2 if family == 'swinv2' else 1, window_sizes=windows,
-                                    out_indices=out_indices)
+    cls = get_family(family) if family else detect_family(sd)
+    options = {}
+    if window_size is not None:
+        if 'window_sizes' not in cls.converter_options():
+            raise ValueError(f'--window-size does not apply to the {cls.family} family')
+        options['window_sizes'] = [window_size] * cls.num_stages
+    out, dropped = cls.convert(sd, out_indices=out_indices, **options)
     buf = io.BytesIO()
-    torch.save({'state_dict': out, 'meta': {'converted_from': osp.basename(src), 'family': family,
+    torch.save({'state_dict': out, 'meta': {'converted_from': osp.basename(src), 'family': cls.family,
                                             'dropped': dropped}}, buf)
     atomic_write_bytes(buf.getvalue(), dst)
-    print(f'{family}: wrote {len(out)} tensors to {dst}')
+    print(f'{cls.family}: wrote {len(out)} tensors to {dst}')
     print(f'dropped ({len(dropped)}): {", ".join(dropped) if dropped else "none"}')
     return out
 
@@ -54,14 +46,17 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('src')
     p.add_argument('dst')
-    p.add_argument('--family', choices=['swiftformer', 'swin', 'swinv2'], default=None, help='default: detect')
-    p.add_argument('--window-size', type=int, default=None, help='Swin V1: resize bias tables to this window')
+    import mmplugin  # noqa: F401  (registers the families)
+    from mmplugin.models.backbones.base import FAMILIES
+    p.add_argument('--family', choices=list(FAMILIES), default=None, help='default: detect from the keys')
+    p.add_argument('--window-size', type=int, default=None,
+                   help='families with window attention: resize / regenerate position tables for this window')
     p.add_argument('--out-indices', type=int, nargs='+', default=[0, 1, 2, 3])
     args = p.parse_args(argv)
     from mmplugin.checkpoint import CheckpointError
     try:
         convert(args.src, args.dst, args.family, args.window_size, tuple(args.out_indices))
-    except (CheckpointError, FileNotFoundError) as err:
+    except (CheckpointError, FileNotFoundError, ValueError) as err:
         print(f'error: {err}', file=sys.stderr)
         return 2
     return 0

@@ -1,6 +1,6 @@
-"""Parameters and GMACs of the plugin's backbones.
+"""Parameters and GMACs of the plugin's backbones (every registered family and arch, or one family).
 
-    python tools/get_flops.py [--family swiftformer|swin|swinv2|all] [--sizes 224x224 800x1333]
+    python tools/get_flops.py [--family NAME|all] [--sizes 224x224 800x1333]
 
 Counts multiply-accumulates with mmengine's jit-trace FlopAnalyzer (one MAC per fused multiply-add, the
 convention of the SwiftFormer and Swin papers), plus a handler for ``scaled_dot_product_attention``. Backbone only:
@@ -15,10 +15,6 @@ import sys
 import warnings
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
-
-ARCHS = {'swiftformer': ['xs', 's', 'l1', 'l3'], 'swin': ['tiny', 'small', 'base', 'large'],
-         'swinv2': ['tiny', 'small', 'base', 'large']}
-
 
 def _sdpa_handle(inputs, outputs):
     from mmengine.analysis.jit_handles import get_shape
@@ -35,9 +31,8 @@ def complexity(family: str, arch: str, size) -> tuple[int, float]:
     import torch
     from mmengine.analysis import FlopAnalyzer
 
-    from mmplugin.models import SwiftFormer, SwinTransformer, SwinTransformerV2
-    cls = {'swiftformer': SwiftFormer, 'swin': SwinTransformer, 'swinv2': SwinTransformerV2}[family]
-    model = cls(arch).eval()
+    from mmplugin.models.backbones.base import get_family
+    model = get_family(family)(arch).eval()
     params = sum(p.numel() for p in model.parameters())
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter('ignore')
@@ -50,16 +45,18 @@ def complexity(family: str, arch: str, size) -> tuple[int, float]:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--family', choices=['swiftformer', 'swin', 'swinv2', 'all'], default='all')
+    import mmplugin  # noqa: F401  (registers the families)
+    from mmplugin.models.backbones.base import FAMILIES
+    p.add_argument('--family', choices=[*FAMILIES, 'all'], default='all')
     p.add_argument('--sizes', nargs='+', default=['224x224', '800x1333'])
     args = p.parse_args(argv)
     sizes = [tuple(int(v) for v in s.lower().split('x')) for s in args.sizes]
-    families = list(ARCHS) if args.family == 'all' else [args.family]
+    families = list(FAMILIES) if args.family == 'all' else [args.family]
     header = f'{"model":24s} {"params":>12s}' + ''.join(f' {f"GMACs@{h}x{w}":>16s}' for h, w in sizes)
     print(header)
     rows = []
     for fam in families:
-        for arch in ARCHS[fam]:
+        for arch in FAMILIES[fam].arch_names():
             macs = []
             for size in sizes:
                 params, m = complexity(fam, arch, size)

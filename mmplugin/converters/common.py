@@ -4,6 +4,7 @@ All functions are pure: they take and return plain ``dict[str, Tensor]`` and nev
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -11,7 +12,7 @@ import torch
 
 from ..checkpoint import CheckpointError
 
-__all__ = ['unwrap_state_dict', 'strip_prefixes', 'LoadPlan', 'plan_load', 'rename_keys']
+__all__ = ['unwrap_state_dict', 'strip_prefixes', 'LoadPlan', 'plan_load', 'rename_keys', 'route_output_norms']
 
 _CONTAINER_KEYS = ('state_dict', 'model', 'model_ema', 'module')
 
@@ -19,7 +20,7 @@ _CONTAINER_KEYS = ('state_dict', 'model', 'model_ema', 'module')
 def unwrap_state_dict(ckpt: object, prefix: str | None = None) -> dict[str, torch.Tensor]:
     """Return the tensor dict inside a checkpoint, whatever its container.
 
-    Accepts a raw state dict, ``{'state_dict': ...}`` (mmengine), ``{'model': ...}`` (official Swin and SwiftFormer
+    Accepts a raw state dict, ``{'state_dict': ...}`` (mmengine), ``{'model': ...}`` (official
     releases, timm training scripts), ``{'module': ...}``; removes ``module.`` (DataParallel) prefixes; when the
     keys carry ``backbone.`` (a whole detector or segmentor), keeps only the backbone's keys. ``prefix`` selects
     keys explicitly (mmengine's ``init_cfg=dict(type='Pretrained', prefix='backbone.')``).
@@ -66,7 +67,6 @@ def strip_prefixes(sd: dict[str, torch.Tensor], prefixes: tuple[str, ...]) -> di
 
 def rename_keys(sd: dict[str, torch.Tensor], rules: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
     """Apply ordered ``(regex, replacement)`` rules to every key."""
-    import re
     compiled = [(re.compile(p), r) for p, r in rules]
     out = {}
     for k, v in sd.items():
@@ -78,18 +78,37 @@ def rename_keys(sd: dict[str, torch.Tensor], rules: list[tuple[str, str]]) -> di
 
 @dataclass
 class LoadPlan:
-    """What loading a converted state dict into a model will do."""
+    """What loading a converted state dict into a model will do: the tensors to load and the model keys that stay
+    as initialised (allowed-missing keys such as fresh output norms)."""
     state_dict: dict[str, torch.Tensor]
     missing: list[str] = field(default_factory=list)
-    unexpected: list[str] = field(default_factory=list)
 
-    def summary(self) -> str:
-        def fmt(keys):
-            return ', '.join(keys[:12]) + (f' ... (+{len(keys) - 12} more)' if len(keys) > 12 else '')
-        lines = [f'loaded {len(self.state_dict)} tensors']
-        lines.append(f'missing keys ({len(self.missing)}): {fmt(self.missing) or "none"}')
-        lines.append(f'unexpected keys ({len(self.unexpected)}): {fmt(self.unexpected) or "none"}')
-        return '\n'.join(lines)
+
+def route_output_norms(sd: dict[str, torch.Tensor], out_indices, num_stages: int = 4,
+                       use_classifier_norm: bool = True) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Map a classifier's final ``norm.*`` onto the last stage's output norm and drop output norms the model lacks.
+
+    The classifier norm normalises the same last-stage features the detector's ``norm{num_stages-1}`` does, so it
+    initialises it (unless the checkpoint already has that output norm or ``use_classifier_norm`` is False).
+
+    Returns:
+        ``(state_dict, dropped_keys)``; the input is not modified.
+    """
+    out_indices = tuple(out_indices)
+    last = num_stages - 1
+    out, dropped = dict(sd), []
+    for k in [k for k in out if k.startswith('norm.')]:
+        v = out.pop(k)
+        target = f'norm{last}.' + k[len('norm.'):]
+        if use_classifier_norm and last in out_indices and target not in out:
+            out[target] = v
+        else:
+            dropped.append(k)
+    for k in [k for k in out if re.match(r'norm\d+\.', k)]:
+        if int(re.match(r'norm(\d+)\.', k).group(1)) not in out_indices:
+            dropped.append(k)
+            del out[k]
+    return out, dropped
 
 
 def plan_load(model_sd: Mapping[str, torch.Tensor], sd: dict[str, torch.Tensor], *, optional_missing=(),
@@ -128,4 +147,4 @@ def plan_load(model_sd: Mapping[str, torch.Tensor], sd: dict[str, torch.Tensor],
             parts.append(f'unexpected {len(unexpected)} (e.g. {unexpected[:4]})')
         raise CheckpointError('the checkpoint does not fit the model: ' + '; '.join(parts) +
                               f'. It is most likely for another arch{hint}; nothing was loaded.')
-    return LoadPlan({k: v for k, v in sd.items() if k in model_sd}, missing, unexpected)
+    return LoadPlan({k: v for k, v in sd.items() if k in model_sd}, missing)

@@ -10,7 +10,7 @@ import re
 import torch
 
 from ..checkpoint import CheckpointError
-from .common import rename_keys
+from .common import rename_keys, route_output_norms
 
 __all__ = ['detect_swiftformer_layout', 'convert_swiftformer']
 
@@ -20,6 +20,9 @@ _CLASSIFIER = ('head.', 'dist_head.', 'head_dist.')
 def detect_swiftformer_layout(sd: dict[str, torch.Tensor]) -> str:
     """``'official'``, ``'timm'`` or ``'plugin'``; raises :class:`CheckpointError` for anything else."""
     keys = list(sd)
+    if not any(k.endswith('attn.w_g') for k in keys):  # the additive attention exists in every layout
+        raise CheckpointError('not a SwiftFormer checkpoint (no additive-attention attn.w_g key; first keys: '
+                              f'{keys[:5]})')
     if any(k.startswith('network.') for k in keys) and any(k.startswith('patch_embed.') for k in keys):
         return 'official'
     if any(k.startswith('stem.') for k in keys) and any(k.startswith('stages.') for k in keys):
@@ -63,17 +66,5 @@ def convert_swiftformer(sd: dict[str, torch.Tensor], out_indices=(0, 1, 2, 3),
     elif layout == 'timm':
         sd = {(k[:-len('.gamma')] if k.endswith('.gamma') else k): v for k, v in sd.items()}
         sd = {k: (v.reshape(-1, 1, 1) if 'layer_scale' in k and v.ndim == 1 else v) for k, v in sd.items()}
-    # classifier norm -> last output norm
-    cls_norm = [k for k in sd if k.startswith('norm.')]
-    last = 3
-    for k in cls_norm:
-        v = sd.pop(k)
-        if use_classifier_norm and last in tuple(out_indices) and f'norm{last}.' + k[5:] not in sd:
-            sd[f'norm{last}.' + k[5:]] = v
-        else:
-            dropped.append(k)
-    # output norms the model does not have
-    for k in [k for k in sd if re.match(r'norm\d\.', k) and int(k[4]) not in tuple(out_indices)]:
-        dropped.append(k)
-        del sd[k]
-    return sd, dropped
+    sd, more = route_output_norms(sd, out_indices, use_classifier_norm=use_classifier_norm)
+    return sd, dropped + more

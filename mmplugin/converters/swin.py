@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ..checkpoint import CheckpointError
-from .common import rename_keys
+from .common import rename_keys, route_output_norms
 
 __all__ = ['detect_swin_layout', 'detect_swin_version', 'convert_swin', 'resize_bias_table', 'unfold_to_official',
            'official_to_unfold', 'plugin_to_mmdet_swin']
@@ -112,8 +112,8 @@ def _from_timm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def convert_swin(sd: dict[str, torch.Tensor], version: int = 1, window_sizes=(7, 7, 7, 7), out_indices=(0, 1, 2, 3),
-                 depths=None) -> tuple[dict[str, torch.Tensor], list[str]]:
+def convert_swin(sd: dict[str, torch.Tensor], version: int = 1, window_sizes=None,
+                 out_indices=(0, 1, 2, 3)) -> tuple[dict[str, torch.Tensor], list[str]]:
     """Convert a Swin state dict of any supported layout to the plugin layout.
 
     Args:
@@ -121,7 +121,6 @@ def convert_swin(sd: dict[str, torch.Tensor], version: int = 1, window_sizes=(7,
         version: the target model's version (1 or 2); a checkpoint of the other version is refused.
         window_sizes: the target model's window per stage (V1 bias tables are resized to it); None keeps them.
         out_indices: the target model's outputs (the classifier's final ``norm`` initialises ``norm3`` if present).
-        depths: unused; accepted so callers can pass the model's settings uniformly.
 
     Returns:
         ``(converted, dropped)``.
@@ -137,15 +136,8 @@ def convert_swin(sd: dict[str, torch.Tensor], version: int = 1, window_sizes=(7,
         sd = _from_openmmlab(sd, version)
     elif layout == 'timm':
         sd = _from_timm(sd)
-    for k in [k for k in sd if k.startswith('norm.')]:
-        v = sd.pop(k)
-        if 3 in tuple(out_indices) and 'norm3.' + k[5:] not in sd:
-            sd['norm3.' + k[5:]] = v
-        else:
-            dropped.append(k)
-    for k in [k for k in sd if re.match(r'norm\d\.', k) and int(k[4]) not in tuple(out_indices)]:
-        dropped.append(k)
-        del sd[k]
+    sd, more = route_output_norms(sd, out_indices)
+    dropped += more
     if version == 1 and window_sizes is not None:
         for k in [k for k in sd if k.endswith('relative_position_bias_table')]:
             stage = int(k.split('.')[1])

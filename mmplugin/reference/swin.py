@@ -148,18 +148,23 @@ class _Merge(nn.Module):
 
 class _Layer(nn.Module):
 
-    def __init__(self, dim, depth, heads, ws, v2, pretrained_ws, last):
+    def __init__(self, dim, depth, heads, ws, v2, pretrained_ws, last, shift=True):
         super().__init__()
         self.blocks = nn.ModuleList(
-            [_Block(dim, heads, ws, 0 if j % 2 == 0 else ws // 2, v2, pretrained_ws) for j in range(depth)])
+            [_Block(dim, heads, ws, 0 if j % 2 == 0 or not shift else ws // 2, v2, pretrained_ws)
+             for j in range(depth)])
         self.downsample = None if last else _Merge(dim, v2)
 
 
 class ReferenceSwin(nn.Module):
-    """Official-formulation Swin (V1 or V2) with an output LayerNorm per stage, official key names."""
+    """Official-formulation Swin (V1 or V2) with an output LayerNorm per stage, official key names.
+
+    ``window_size`` and ``shifts`` per stage let it stand for the official *classification* code built for one
+    input size, which shrinks the window of a small map to the map and drops its shift.
+    """
 
     def __init__(self, embed_dims=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24), window_size=7, v2=False,
-                 pretrained_window_size=0):
+                 pretrained_window_size=0, shifts=(True, True, True, True)):
         super().__init__()
         wss = [window_size] * 4 if isinstance(window_size, int) else list(window_size)
         pws = [pretrained_window_size] * 4 if isinstance(pretrained_window_size, int) else list(pretrained_window_size)
@@ -167,7 +172,7 @@ class ReferenceSwin(nn.Module):
         self.patch_embed.proj = nn.Conv2d(3, embed_dims, 4, 4)
         self.patch_embed.norm = nn.LayerNorm(embed_dims)
         self.layers = nn.ModuleList([
-            _Layer(embed_dims * 2**i, depths[i], num_heads[i], wss[i], v2, pws[i] or wss[i], i == 3)
+            _Layer(embed_dims * 2**i, depths[i], num_heads[i], wss[i], v2, pws[i] or wss[i], i == 3, shifts[i])
             for i in range(4)
         ])
         for i in range(4):

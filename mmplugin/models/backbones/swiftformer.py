@@ -13,20 +13,22 @@ speed without changing the result:
 """
 from __future__ import annotations
 
+import re
+
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmcv.cnn import build_norm_layer
 from mmengine.model.weight_init import trunc_normal_
 from torch import nn
 
 from ...converters.swiftformer import convert_swiftformer
 from ...registry import MODELS
-from ..layers import (DropPath, conv_act, conv_add, conv_bn, folded_bn_conv1x1, fuse_bn_conv1x1_, fuse_conv_bn_,
-                      scale_output_, uses_running_stats)
-from .base import BaseBackbone
+from ..layers import (DropPath, can_fuse_onednn, conv_act, conv_add, conv_bn, folded_bn_conv1x1, fuse_bn_conv1x1,
+                      fuse_conv_bn, linear_drop_path_rates, onednn_fusion_disabled, scale_output_,
+                      uses_running_stats)
+from .base import BaseBackbone, check_int_list
 
 
 def _bn(norm_cfg: dict, c: int) -> nn.Module:
@@ -77,7 +79,7 @@ class ConvEncoder(nn.Module):
     @torch.no_grad()
     def switch_to_deploy(self) -> None:
         if uses_running_stats(self.norm):
-            self.dwconv = fuse_conv_bn_(self.dwconv, self.norm)
+            self.dwconv = fuse_conv_bn(self.dwconv, self.norm)
             self.norm = nn.Identity()
         if self.layer_scale is not None:
             scale_output_(self.pwconv2, self.layer_scale)
@@ -186,7 +188,7 @@ class ConvMlp(nn.Module):
     @torch.no_grad()
     def switch_to_deploy(self, out_scale: torch.Tensor | None) -> None:
         if uses_running_stats(self.norm1):
-            self.fc1 = fuse_bn_conv1x1_(self.norm1, self.fc1)
+            self.fc1 = fuse_bn_conv1x1(self.norm1, self.fc1)
             self.norm1 = nn.Identity()
         if out_scale is not None:
             scale_output_(self.fc2, out_scale)
@@ -207,7 +209,7 @@ class ConvNormAct(nn.Module):
     @torch.no_grad()
     def switch_to_deploy(self) -> None:
         if uses_running_stats(self.norm):
-            self.proj = fuse_conv_bn_(self.proj, self.norm)
+            self.proj = fuse_conv_bn(self.proj, self.norm)
             self.norm = nn.Identity()
 
 
@@ -251,6 +253,7 @@ class SwiftFormer(BaseBackbone):
         with_cp (bool): gradient checkpointing per block. Defaults to False.
         channels_last (bool): compute in channels_last memory format (faster on CPU and GPU). Defaults to True.
         init_cfg (dict | None): e.g. ``dict(type='Pretrained', checkpoint=PATH)``.
+        pretrained (str | None): deprecated OpenMMLab spelling of ``init_cfg`` (see :class:`BaseBackbone`).
 
     Example:
         >>> import torch
@@ -259,6 +262,7 @@ class SwiftFormer(BaseBackbone):
         [(1, 48, 63, 83), (1, 56, 32, 42), (1, 112, 16, 21), (1, 220, 8, 11)]
     """
 
+    family = 'swiftformer'
     arch_zoo = {
         'xs': dict(depths=[3, 3, 6, 4], embed_dims=[48, 56, 112, 220]),
         's': dict(depths=[3, 3, 9, 6], embed_dims=[48, 64, 168, 224]),
@@ -272,41 +276,56 @@ class SwiftFormer(BaseBackbone):
                  mlp_ratio: float = 4.0, drop_path_rate: float = 0.0, layer_scale_init: float = 1e-5,
                  token_weighting: str = 'l2norm', norm_cfg: dict | None = None,
                  out_norm_cfg: dict | None = dict(type='BN'), frozen_stages: int = -1, norm_eval: bool = False,
-                 with_cp: bool = False, channels_last: bool = True, init_cfg=None):
-        super().__init__(init_cfg=init_cfg)
+                 with_cp: bool = False, channels_last: bool = True, init_cfg=None, pretrained: str | None = None):
+        super().__init__(in_channels=in_channels, out_indices=out_indices, frozen_stages=frozen_stages,
+                         norm_eval=norm_eval, with_cp=with_cp, drop_path_rate=drop_path_rate, init_cfg=init_cfg,
+                         pretrained=pretrained)
         settings = self.resolve_arch(arch)
-        depths, dims = list(settings['depths']), list(settings['embed_dims'])
-        if any(int(d) < 1 for d in depths) or any(int(c) < 2 for c in dims):
-            raise ValueError(f'arch depths must be >= 1 and embed_dims >= 2, got depths={depths} embed_dims={dims}')
-        if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'frozen_stages must be in -1..{self.num_stages}, got {frozen_stages}')
-        if not 0.0 <= drop_path_rate < 1.0:
-            raise ValueError(f'drop_path_rate must be in [0, 1), got {drop_path_rate}')
+        depths, dims = check_int_list(settings['depths'], 'arch depths', self.num_stages, 1), \
+            check_int_list(settings['embed_dims'], 'arch embed_dims', self.num_stages, 2)
+        if not isinstance(mlp_ratio, (int, float)) or isinstance(mlp_ratio, bool) or mlp_ratio <= 0:
+            raise ValueError(f'mmplugin.SwiftFormer: mlp_ratio must be a positive number, got {mlp_ratio!r}')
         self.arch_name = arch if isinstance(arch, str) else 'custom'
         self.depths, self.embed_dims = depths, dims
-        self.in_channels = in_channels
-        self.out_indices = self.check_out_indices(out_indices)
-        self.out_channels = [dims[i] for i in self.out_indices]
-        self.out_strides = [2**(i + 2) for i in self.out_indices]
-        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
         self.channels_last = channels_last
         norm_cfg = dict(norm_cfg or dict(type='BN'))
+        self._declare_stages(dims, [2**(i + 2) for i in range(self.num_stages)])
 
         self.stem = nn.Sequential(
             nn.Conv2d(in_channels, dims[0] // 2, 3, stride=2, padding=1), _bn(norm_cfg, dims[0] // 2), nn.ReLU(),
             nn.Conv2d(dims[0] // 2, dims[0], 3, stride=2, padding=1), _bn(norm_cfg, dims[0]), nn.ReLU())
-        total = sum(depths)
+        dprs = linear_drop_path_rates(self.drop_path_rate, sum(depths))
         self.stages = nn.ModuleList()
-        start = 0
         for i, (depth, dim) in enumerate(zip(depths, dims)):
-            dprs = [drop_path_rate * (start + j) / max(total - 1, 1) for j in range(depth)]
+            start = sum(depths[:i])
             self.stages.append(
-                SwiftFormerStage(dims[i - 1] if i else dim, dim, depth, i > 0, dprs, mlp_ratio, norm_cfg,
-                                 layer_scale_init, token_weighting))
-            start += depth
-        for i in self.out_indices:
-            self.add_module(f'norm{i}', _bn(out_norm_cfg, dims[i]) if out_norm_cfg else nn.Identity())
-        self._freeze_stages()
+                SwiftFormerStage(dims[i - 1] if i else dim, dim, depth, i > 0, dprs[start:start + depth], mlp_ratio,
+                                 norm_cfg, layer_scale_init, token_weighting))
+        self._add_out_norms(lambda c: _bn(out_norm_cfg, c) if out_norm_cfg else nn.Identity())
+        self._finish_init()
+        if channels_last:
+            # conv weights in the layout their gradients come in (channels_last activations give channels_last
+            # weight gradients): DDP's buckets then need no stride-fixing copies ("Grad strides do not match")
+            self.to(memory_format=torch.channels_last)
+
+    @classmethod
+    def detect(cls, state_dict) -> bool:
+        # The additive attention's w_g exists in every SwiftFormer layout (official, timm, plugin) and in no other
+        # family (EfficientFormer shares the official 'network.' / 'patch_embed.' names, ConvNeXt timm's 'stem.').
+        return any(k.endswith('attn.w_g') for k in state_dict)
+
+    @classmethod
+    def benchmark_peers(cls, arch: str, model: 'SwiftFormer') -> dict[str, nn.Module]:
+        from mmdet.models.backbones import ResNet
+
+        from ...reference.swiftformer import ReferenceSwiftFormer
+        s = cls.resolve_arch(arch)
+        ref = ReferenceSwiftFormer(s['depths'], s['embed_dims'])
+        model.load_state_dict(convert_swiftformer(ref.state_dict())[0])
+        deploy = cls(arch)
+        deploy.load_state_dict(model.state_dict())
+        deploy.eval().switch_to_deploy()
+        return {'official': ref, 'mmplugin-deploy': deploy, 'mmdet-R50': ResNet(50), 'mmdet-R18': ResNet(18)}
 
     def _default_init(self) -> None:
         # Official classification init: truncated-normal linears, zero biases; convs keep PyTorch's default.
@@ -315,45 +334,58 @@ class SwiftFormer(BaseBackbone):
                 trunc_normal_(m.weight, std=0.02)
                 nn.init.zeros_(m.bias)
 
-    def _frozen_modules(self) -> list[nn.Module]:
-        mods: list[nn.Module] = []
-        if self.frozen_stages >= 0:
-            mods.append(self.stem)
-        for i in range(min(self.frozen_stages, self.num_stages)):
-            mods.append(self.stages[i])
-            if i in self.out_indices:
-                mods.append(getattr(self, f'norm{i}'))
-        return mods
+    def stem_modules(self) -> list[nn.Module]:
+        return [self.stem]
+
+    def stage_modules(self, i: int) -> list[nn.Module]:
+        return [self.stages[i]]
+
+    def layer_depth(self, name: str) -> int:
+        """0 stem; blocks numbered 1..sum(depths) in order; a stage's downsample shares its first block's index and
+        an output norm its stage's last block's; anything else ``num_layers - 1``."""
+        if name.startswith('stem.'):
+            return 0
+        m = re.match(r'stages\.(\d+)\.(?:blocks\.(\d+)|downsample)\.', name)
+        if m:
+            i = int(m.group(1))
+            return sum(self.depths[:i]) + int(m.group(2) or 0) + 1
+        m = re.match(r'norm(\d+)\.', name)
+        if m:
+            return sum(self.depths[:int(m.group(1)) + 1])
+        return self.num_layers - 1
+
+    @property
+    def num_layers(self) -> int:
+        return sum(self.depths) + 2
 
     def converter_kwargs(self) -> dict:
-        return dict(out_indices=self.out_indices)
+        return {}
 
     def arch_description(self) -> str:
         return f'the model is arch {self.arch_name!r} with embed_dims={self.embed_dims}, depths={self.depths}'
 
-    def _stem_forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """As :meth:`BaseBackbone.forward`. An input holding NaN / Inf runs without the oneDNN post-op fusion,
+        which would turn NaN into 0: non-finite values propagate as in the reference formulation."""
+        if (isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel()
+                and can_fuse_onednn(x, self.stem[0].weight) and not torch.isfinite(x).all()):
+            with onednn_fusion_disabled():
+                return super().forward(x)
+        return super().forward(x)
+
+    def forward_stem(self, x: torch.Tensor) -> torch.Tensor:
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         s = self.stem
         return conv_bn(conv_bn(x, s[0], s[1], 'relu'), s[3], s[4], 'relu')
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Args: x: images ``(B, in_channels, H, W)``. Returns: one ``(B, C_i, ceil(H/2^(i+2)), ...)`` per index."""
-        self.check_input(x, self.in_channels)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        x = self._stem_forward(x)
-        outs = []
-        for i, stage in enumerate(self.stages):
-            if stage.downsample is not None:
-                x = stage.downsample(x)
-            for blk in stage.blocks:
-                if self.with_cp and x.requires_grad and self.training:
-                    x = cp.checkpoint(blk, x, use_reentrant=False)
-                else:
-                    x = blk(x)
-            if i in self.out_indices:
-                # contiguous NCHW: mmcv's ops (RoIAlign, ...) read raw NCHW memory, not channels_last
-                outs.append(getattr(self, f'norm{i}')(x).contiguous())
-        return tuple(outs)
+    def forward_stage(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        stage = self.stages[i]
+        if stage.downsample is not None:
+            x = stage.downsample(x)
+        for blk in stage.blocks:
+            x = self.run_block(blk, x)
+        return x, x
 
     @torch.no_grad()
     def switch_to_deploy(self) -> 'SwiftFormer':
@@ -362,7 +394,7 @@ class SwiftFormer(BaseBackbone):
             raise RuntimeError('switch_to_deploy() folds running statistics: call model.eval() first')
         for idx in (0, 3):
             if uses_running_stats(self.stem[idx + 1]):
-                self.stem[idx] = fuse_conv_bn_(self.stem[idx], self.stem[idx + 1])
+                self.stem[idx] = fuse_conv_bn(self.stem[idx], self.stem[idx + 1])
                 self.stem[idx + 1] = nn.Identity()
         for stage in self.stages:
             if stage.downsample is not None:

@@ -12,31 +12,34 @@ detection code, so a V1 model equals mmdet's ``SwinTransformer`` with the same w
 """
 from __future__ import annotations
 
+import re
+from functools import partial
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint as cp
 from mmengine.model.weight_init import trunc_normal_
 from torch import nn
 
-from ...converters.swin import convert_swin
+from ...converters.swin import convert_swin, plugin_to_mmdet_swin
 from ...registry import MODELS
 from ..layers import DropPath, linear_drop_path_rates
 from ..layers.window_attention import WindowAttention, WindowAttentionV2, WindowGeometry
-from .base import BaseBackbone
+from .base import BaseBackbone, check_int_list
+from .openmmlab_compat import DEFAULT_ARCH, translate_swin_kwargs
 
 
 class Mlp(nn.Module):
-    """``fc2(GELU(fc1(x)))`` on the last dim."""
+    """``drop(fc2(drop(GELU(fc1(x)))))`` on the last dim (dropout as in the official code and mmdet's FFN)."""
 
-    def __init__(self, dim: int, hidden: int):
+    def __init__(self, dim: int, hidden: int, drop: float = 0.0):
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
         self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
+        return self.drop(self.fc2(self.drop(F.gelu(self.fc1(x)))))
 
 
 class SwinBlock(nn.Module):
@@ -47,18 +50,20 @@ class SwinBlock(nn.Module):
     """
 
     def __init__(self, dim: int, num_heads: int, window_size: int, shift: bool, mlp_ratio: float, qkv_bias: bool,
-                 drop_path: float, v2: bool, pretrained_window_size: int = 0):
+                 drop_path: float, v2: bool, pretrained_window_size: int = 0, qk_scale: float | None = None,
+                 drop: float = 0.0, attn_drop: float = 0.0):
         super().__init__()
         self.v2 = v2
         self.window_size = window_size
         self.shift_size = window_size // 2 if shift else 0
         self.norm1 = nn.LayerNorm(dim)
         if v2:
-            self.attn = WindowAttentionV2(dim, num_heads, window_size, qkv_bias, pretrained_window_size)
+            self.attn = WindowAttentionV2(dim, num_heads, window_size, qkv_bias, pretrained_window_size, attn_drop,
+                                          drop)
         else:
-            self.attn = WindowAttention(dim, num_heads, window_size, qkv_bias)
+            self.attn = WindowAttention(dim, num_heads, window_size, qkv_bias, qk_scale, attn_drop, drop)
         self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio))
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop)
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor:
@@ -98,36 +103,52 @@ class SwinStage(nn.Module):
     """
 
     def __init__(self, dim: int, depth: int, num_heads: int, window_size: int, mlp_ratio: float, qkv_bias: bool,
-                 dprs: Sequence[float], downsample: bool, v2: bool, pretrained_window_size: int, with_cp: bool):
+                 dprs: Sequence[float], downsample: bool, v2: bool, pretrained_window_size: int,
+                 pad_small_map: bool = True, **block_kwargs):
         super().__init__()
-        self.window_size, self.with_cp = window_size, with_cp
+        self.window_size, self.pad_small_map = window_size, pad_small_map
         self.blocks = nn.ModuleList([
             SwinBlock(dim, num_heads, window_size, j % 2 == 1, mlp_ratio, qkv_bias, dprs[j], v2,
-                      pretrained_window_size) for j in range(depth)
+                      pretrained_window_size, **block_kwargs) for j in range(depth)
         ])
         self.downsample = PatchMerging(dim, post_norm=v2) if downsample else None
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: ``(B, H, W, C)``. Returns the stage output and the merged map for the next stage (or None)."""
+    def forward(self, x: torch.Tensor, run_block=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: ``(B, H, W, C)``. Returns the stage output and the merged map for the next stage (or None).
+
+        ``run_block(block, x, geometry)`` calls a block (the backbone's, which adds gradient checkpointing).
+        """
         _, h, w, _ = x.shape
-        ws = self.window_size
+        ws, shift = self.window_size, self.window_size // 2
+        if not self.pad_small_map and min(h, w) <= ws:
+            # official classification code / timm / mmpretrain: the window shrinks to the map, no shift
+            ws, shift = min(h, w), 0
         geoms = [WindowGeometry(h, w, ws, 0, x.device)]
         if len(self.blocks) > 1:
-            geoms.append(WindowGeometry(h, w, ws, ws // 2, x.device))
+            geoms.append(WindowGeometry(h, w, ws, shift, x.device) if shift else geoms[0])
         for j, blk in enumerate(self.blocks):
-            geom = geoms[j % 2]
-            if self.with_cp and self.training and x.requires_grad:
-                x = cp.checkpoint(blk, x, geom, use_reentrant=False)
-            else:
-                x = blk(x, geom)
+            x = run_block(blk, x, geoms[j % 2]) if run_block is not None else blk(x, geoms[j % 2])
         return x, (self.downsample(x) if self.downsample is not None else None)
 
 
-def _per_stage(value, name: str, n: int = 4) -> list[int]:
-    vals = [value] * n if isinstance(value, int) else list(value)
-    if len(vals) != n:
-        raise ValueError(f'{name} must be an int or a list of {n}, got {value!r}')
-    return [int(v) for v in vals]
+def check_swin_norm_act(owner: str, norm_cfg: dict | None, act_cfg: dict | None) -> bool:
+    """Validate the OpenMMLab ``norm_cfg`` / ``act_cfg`` of a Swin backbone; returns the norms' ``requires_grad``.
+
+    Only what Swin is defined with can be honoured: LayerNorm (eps 1e-5) and GELU.
+    """
+    problems = []
+    norm = dict(norm_cfg or {})
+    requires_grad = norm.pop('requires_grad', True)
+    if norm.pop('type', 'LN') not in ('LN', 'LayerNorm') or norm.pop('eps', 1e-5) != 1e-5 or norm:
+        problems.append(f'norm_cfg={norm_cfg!r} (only LayerNorm: dict(type=\'LN\'[, requires_grad=...]))')
+    act = dict(act_cfg or {})
+    if act.pop('type', 'GELU') != 'GELU' or act.pop('approximate', 'none') != 'none' or act:
+        problems.append(f'act_cfg={act_cfg!r} (only dict(type=\'GELU\'))')
+    if not isinstance(requires_grad, bool):
+        problems.append(f'norm_cfg requires_grad={requires_grad!r} (a bool)')
+    if problems:
+        raise ValueError(f'{owner}: cannot honour ' + '; '.join(problems))
+    return requires_grad
 
 
 class _SwinBase(BaseBackbone):
@@ -140,55 +161,78 @@ class _SwinBase(BaseBackbone):
         **dict.fromkeys(['l', 'large'], dict(embed_dims=192, depths=[2, 2, 18, 2], num_heads=[6, 12, 24, 48])),
     }  # yapf: disable
     arch_keys = ('embed_dims', 'depths', 'num_heads')
-    converter = staticmethod(convert_swin)
     v2 = False
 
     def __init__(self, arch='tiny', in_channels: int = 3, patch_size: int = 4, window_size=7,
-                 pretrained_window_size=0, mlp_ratio: float = 4.0, qkv_bias: bool = True, patch_norm: bool = True,
-                 drop_path_rate: float = 0.1, out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
-                 norm_eval: bool = False, with_cp: bool = False, init_cfg=None):
-        super().__init__(init_cfg=init_cfg)
+                 pretrained_window_size=0, mlp_ratio: float = 4.0, qkv_bias: bool = True, qk_scale=None,
+                 patch_norm: bool = True, drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.1, pad_small_map: bool | None = None, norm_cfg: dict | None = None,
+                 act_cfg: dict | None = None, out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
+                 norm_eval: bool = False, with_cp: bool = False, init_cfg=None, pretrained: str | None = None):
+        super().__init__(in_channels=in_channels, out_indices=out_indices, frozen_stages=frozen_stages,
+                         norm_eval=norm_eval, with_cp=with_cp, drop_path_rate=drop_path_rate, init_cfg=init_cfg,
+                         pretrained=pretrained)
+        owner = self.public_name()
         s = self.resolve_arch(arch)
-        dim, depths, heads = int(s['embed_dims']), list(s['depths']), list(s['num_heads'])
-        if isinstance(s['embed_dims'], (list, tuple)):
-            raise ValueError('arch embed_dims is the stage-1 width (an int); later stages double it')
-        if any(int(d) < 1 for d in depths) or any(int(h) < 1 for h in heads):
-            raise ValueError(f'arch depths and num_heads must be >= 1, got {depths} / {heads}')
+        if isinstance(s['embed_dims'], bool) or not isinstance(s['embed_dims'], int) or s['embed_dims'] < 1:
+            raise ValueError(f'{owner}: arch embed_dims is the stage-1 width, a positive int (later stages double '
+                             f'it), got {s["embed_dims"]!r}')
+        dim = s['embed_dims']
+        depths = check_int_list(s['depths'], 'arch depths', self.num_stages, 1, owner)
+        heads = check_int_list(s['num_heads'], 'arch num_heads', self.num_stages, 1, owner)
         for i, h in enumerate(heads):
             if (dim * 2**i) % h:
-                raise ValueError(f'stage {i} width {dim * 2**i} is not divisible by num_heads {h}')
-        windows = _per_stage(window_size, 'window_size')
-        if any(w < 1 for w in windows):
-            raise ValueError(f'window_size must be >= 1, got {window_size!r}')
-        pre_windows = _per_stage(pretrained_window_size, 'pretrained_window_size')
-        pre_windows = [p or w for p, w in zip(pre_windows, windows)]
-        if not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'frozen_stages must be in -1..{self.num_stages}, got {frozen_stages}')
-        if patch_size < 1:
-            raise ValueError(f'patch_size must be >= 1, got {patch_size}')
+                raise ValueError(f'{owner}: stage {i} width {dim * 2**i} is not divisible by num_heads {h}')
+        windows = check_int_list(window_size, 'window_size', self.num_stages, 1, owner)
+        raw_pre_windows = check_int_list(pretrained_window_size, 'pretrained_window_size', self.num_stages, 0, owner)
+        pre_windows = [p or w for p, w in zip(raw_pre_windows, windows)]
+        if isinstance(patch_size, bool) or not isinstance(patch_size, int) or patch_size < 1:
+            raise ValueError(f'{owner}: patch_size must be a positive int, got {patch_size!r}')
+        if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, (int, float)) or mlp_ratio <= 0:
+            raise ValueError(f'{owner}: mlp_ratio must be a positive number, got {mlp_ratio!r}')
+        for name, rate in (('drop_rate', drop_rate), ('attn_drop_rate', attn_drop_rate)):
+            if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate < 1.0:
+                raise ValueError(f'{owner}: {name} must be a number in [0, 1), got {rate!r}')
+        if qk_scale is not None and (self.v2 or isinstance(qk_scale, bool) or not isinstance(qk_scale, (int, float))
+                                     or qk_scale <= 0):
+            raise ValueError(f'{owner}: qk_scale must be None or a positive number' +
+                             (' (Swin V2 uses cosine attention with a learned scale: leave it None)' if self.v2 else '')
+                             + f', got {qk_scale!r}')
+        if pad_small_map not in (None, True, False):
+            raise ValueError(f'{owner}: pad_small_map must be None, True or False, got {pad_small_map!r}')
+        norm_requires_grad = check_swin_norm_act(owner, norm_cfg, act_cfg)
+        self.pad_small_map = pad_small_map is not False  # None (default) and True: pad maps smaller than the window
         self.arch_name = arch if isinstance(arch, str) else 'custom'
         self.embed_dims, self.depths, self.num_heads = dim, depths, heads
         self.window_sizes, self.pretrained_window_sizes = windows, pre_windows
-        self.in_channels, self.patch_size = in_channels, patch_size
-        self.out_indices = self.check_out_indices(out_indices)
-        self.out_channels = [dim * 2**i for i in self.out_indices]
-        self.out_strides = [patch_size * 2**i for i in self.out_indices]
-        self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, norm_eval, with_cp
+        self.patch_size = patch_size
+        self._declare_stages([dim * 2**i for i in range(self.num_stages)],
+                             [patch_size * 2**i for i in range(self.num_stages)])
 
         self.patch_embed = nn.Module()
         self.patch_embed.proj = nn.Conv2d(in_channels, dim, patch_size, stride=patch_size)
         self.patch_embed.norm = nn.LayerNorm(dim) if patch_norm else nn.Identity()
-        dprs = linear_drop_path_rates(drop_path_rate, sum(depths))
+        self.drop_after_pos = nn.Dropout(drop_rate)
+        dprs = linear_drop_path_rates(self.drop_path_rate, sum(depths))
         self.layers = nn.ModuleList()
         for i in range(self.num_stages):
             start = sum(depths[:i])
             self.layers.append(
                 SwinStage(dim * 2**i, depths[i], heads[i], windows[i], mlp_ratio, qkv_bias,
-                          dprs[start:start + depths[i]], i < self.num_stages - 1, self.v2, pre_windows[i], with_cp))
-        for i in self.out_indices:
-            self.add_module(f'norm{i}', nn.LayerNorm(dim * 2**i))
-        self._default_init()
-        self._freeze_stages()
+                          dprs[start:start + depths[i]], i < self.num_stages - 1, self.v2, raw_pre_windows[i],
+                          self.pad_small_map, qk_scale=qk_scale, drop=drop_rate, attn_drop=attn_drop_rate))
+        self._add_out_norms(nn.LayerNorm)
+        self._finish_init()
+        if not norm_requires_grad:  # norm_cfg=dict(type='LN', requires_grad=False): every LayerNorm stays fixed
+            for m in self.modules():
+                if isinstance(m, nn.LayerNorm):
+                    m.requires_grad_(False)
+
+    @classmethod
+    def detect(cls, state_dict) -> bool:
+        # A window-attention block of the official / timm (layers.i.blocks.j.attn.X) or OpenMMLab
+        # (stages.i.blocks.j.attn.w_msa.X) layout; X is the V1 bias table or the V2 CPB MLP.
+        return any(cls._DETECT.search(k) for k in state_dict)
 
     def _default_init(self) -> None:
         for m in self.modules():
@@ -206,43 +250,51 @@ class _SwinBase(BaseBackbone):
                         nn.init.zeros_(norm.weight)
                         nn.init.zeros_(norm.bias)
 
-    def _frozen_modules(self) -> list[nn.Module]:
-        mods: list[nn.Module] = []
-        if self.frozen_stages >= 0:
-            mods.append(self.patch_embed)
-        for i in range(min(self.frozen_stages, self.num_stages)):
-            mods.append(self.layers[i])
-            if i in self.out_indices:
-                mods.append(getattr(self, f'norm{i}'))
-        return mods
+    def stem_modules(self) -> list[nn.Module]:
+        return [self.patch_embed]
+
+    def stage_modules(self, i: int) -> list[nn.Module]:
+        return [self.layers[i]]  # includes the patch merging that ends the stage
+
+    def layer_depth(self, name: str) -> int:
+        """0 patch embedding; blocks 1..sum(depths) in order; a stage's patch merging and output norm share its last
+        block's index; anything else ``num_layers - 1``."""
+        if name.startswith('patch_embed.'):
+            return 0
+        m = re.match(r'layers\.(\d+)\.blocks\.(\d+)\.', name)
+        if m:
+            return sum(self.depths[:int(m.group(1))]) + int(m.group(2)) + 1
+        m = re.match(r'(?:layers\.(\d+)\.downsample|norm(\d+))\.', name)
+        if m:
+            return sum(self.depths[:int(m.group(1) or m.group(2)) + 1])
+        return self.num_layers - 1
+
+    @property
+    def num_layers(self) -> int:
+        return sum(self.depths) + 2
 
     def converter_kwargs(self) -> dict:
-        return dict(version=2 if self.v2 else 1, window_sizes=self.window_sizes, out_indices=self.out_indices,
-                    depths=self.depths)
+        return dict(window_sizes=self.window_sizes)
 
     def arch_description(self) -> str:
         return (f'the model is {"V2" if self.v2 else "V1"} arch {self.arch_name!r} with embed_dims='
                 f'{self.embed_dims}, depths={self.depths}, window_size={self.window_sizes}')
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Args: x: ``(B, in_channels, H, W)``. Returns NCHW maps at strides ``patch_size * 2^i``, i in out_indices."""
-        self.check_input(x, self.in_channels)
+    def forward_stem(self, x: torch.Tensor) -> torch.Tensor:
+        """Pad bottom/right to a multiple of the patch size, embed: ``(B, C, H, W)`` -> ``(B, H/p, W/p, C')``."""
         p = self.patch_size
         h, w = x.shape[-2:]
         if h % p or w % p:
             x = F.pad(x, (0, (-w) % p, 0, (-h) % p))
         x = self.patch_embed.proj(x.contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1)
-        x = self.patch_embed.norm(x)  # (B, H/p, W/p, C)
-        outs = []
-        for i, stage in enumerate(self.layers):
-            out, down = stage(x)
-            if i in self.out_indices:
-                # contiguous NCHW: mmcv's CPU/CUDA ops (RoIAlign, ...) read raw NCHW memory
-                outs.append(getattr(self, f'norm{i}')(out).permute(0, 3, 1, 2).contiguous())
-            if down is None:
-                break
-            x = down
-        return tuple(outs)
+        return self.drop_after_pos(self.patch_embed.norm(x))
+
+    def forward_stage(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.layers[i](x, self.run_block)
+
+    def forward_output(self, i: int, feat: torch.Tensor) -> torch.Tensor:
+        # norm on (B, H, W, C), then contiguous NCHW for mmcv's ops
+        return getattr(self, f'norm{i}')(feat).permute(0, 3, 1, 2).contiguous()
 
 
 @MODELS.register_module()
@@ -257,15 +309,33 @@ class SwinTransformer(_SwinBase):
         window_size (int | list[int]): window per stage. Defaults to 7.
         mlp_ratio (float): MLP expansion. Defaults to 4.
         qkv_bias (bool): bias in qkv. Defaults to True.
+        qk_scale (float | None): attention scale; None means ``head_dim ** -0.5``. Defaults to None.
         patch_norm (bool): LayerNorm after patch embedding. Defaults to True.
-        drop_path_rate (float): stochastic depth, linear 0 -> rate over all blocks. Defaults to 0.1.
+        drop_rate (float): dropout after the patch embedding, the attention projection and in the MLP (official
+            and mmdet placement). Defaults to 0.
+        attn_drop_rate (float): dropout on the attention probabilities. Defaults to 0.
+        drop_path_rate (float): stochastic depth, linear 0 -> rate over all blocks, in [0, 1). Defaults to 0.1.
+        pad_small_map (bool | None): None / True (default): maps smaller than the window are padded up and
+            still shifted, as the official detection code and mmdet do. False: as the official classification
+            code, timm and mmpretrain, a map not larger than the window is attended as one window of its own size
+            without shift, so features at the pretraining resolution equal the classifier's. Note mmpretrain's
+            default is False.
+        norm_cfg (dict | None): ``dict(type='LN'[, requires_grad=False])``; only LayerNorm. Defaults to None (LN).
+        act_cfg (dict | None): only ``dict(type='GELU')``. Defaults to None (GELU).
         out_indices (Sequence[int]): stages to return. Defaults to (0, 1, 2, 3).
         frozen_stages (int): -1 none; 0 patch embedding; i patch embedding and stages 1..i (with the patch merging
             that ends them and their output norms). Applied at construction (DDP-safe) and kept through ``train()``.
+            mmdet's convention; mmpretrain's ``frozen_stages=k`` is this plugin's ``k + 1``.
         norm_eval (bool): BatchNorm layers in eval mode while training (Swin has none; kept for API parity).
         with_cp (bool): gradient checkpointing per block. Defaults to False.
-        init_cfg (dict | None): e.g. ``dict(type='Pretrained', checkpoint=PATH)``: official V1 releases, mmdet /
-            mmseg / mmpretrain / timm layouts, auto-detected; the bias table is resized for another window.
+        init_cfg (dict | None): e.g. ``dict(type='Pretrained', checkpoint=PATH or URL)``: official V1 releases,
+            mmdet / mmseg / mmpretrain / timm layouts, auto-detected; the bias table is resized for another window.
+        pretrained (str | None): deprecated OpenMMLab spelling of ``init_cfg`` (see :class:`BaseBackbone`).
+
+    mmdet / mmseg / mmpretrain keywords (``embed_dims``, ``depths``, ``num_heads``, ``strides``,
+    ``convert_weights``, ``pretrain_img_size`` / ``img_size``, ``use_abs_pos_embed``, ``out_after_downsample``,
+    ``stage_cfgs``, ``patch_cfg``, ``interpolate_mode``) are read with their home library's meaning; see
+    :mod:`mmplugin.models.backbones.openmmlab_compat`.
 
     Example:
         >>> import torch
@@ -274,26 +344,46 @@ class SwinTransformer(_SwinBase):
         [(1, 96, 63, 83), (1, 192, 32, 42), (1, 384, 16, 21), (1, 768, 8, 11)]
     """
 
+    family = 'swin'
     v2 = False
+    converter = staticmethod(partial(convert_swin, version=1))
+    _DETECT = re.compile(r'^(?:layers|stages)\.\d+\.blocks\.\d+\.attn\.(?:w_msa\.)?relative_position_bias_table$')
 
-    def __init__(self, arch='tiny', window_size=7, **kwargs):
+    @classmethod
+    def benchmark_peers(cls, arch: str, model: 'SwinTransformer') -> dict[str, nn.Module]:
+        from mmdet.models.backbones import SwinTransformer as MMDetSwin
+        theirs = MMDetSwin(embed_dims=model.embed_dims, depths=model.depths, num_heads=model.num_heads,
+                           window_size=model.window_sizes[0], drop_path_rate=0.0)
+        # the same weights; mmdet's derived relative_position_index buffers are its own
+        missing, unexpected = theirs.load_state_dict(plugin_to_mmdet_swin(model.state_dict()), strict=False)
+        assert not unexpected and all(k.endswith('relative_position_index') for k in missing), (missing, unexpected)
+        return {'mmdet-swin': theirs}
+
+    def __init__(self, arch=DEFAULT_ARCH, window_size=7, **kwargs):
         if 'pretrained_window_size' in kwargs:
-            raise TypeError('pretrained_window_size is a Swin V2 option; use mmplugin.SwinTransformerV2')
-        super().__init__(arch=arch, window_size=window_size, **kwargs)
+            raise TypeError('mmplugin.SwinTransformer: pretrained_window_size is a Swin V2 option; use '
+                            'mmplugin.SwinTransformerV2')
+        arch, kwargs = translate_swin_kwargs(type(self), arch, kwargs)
+        super().__init__(arch=str(arch) if isinstance(arch, str) else arch, window_size=window_size, **kwargs)
 
 
 @MODELS.register_module()
 class SwinTransformerV2(_SwinBase):
     """Swin Transformer V2 backbone (https://arxiv.org/abs/2111.09883), registered as ``mmplugin.SwinTransformerV2``.
 
-    Same arguments as :class:`SwinTransformer` plus ``pretrained_window_size`` (int for all stages or a list of 4;
-    0 means "same as window_size"): the window the weights were pretrained with, which normalises the continuous
-    position bias coordinates (e.g. ``[12, 12, 12, 6]`` for the official 12to16 / 12to24 fine-tunes).
+    Same arguments as :class:`SwinTransformer` (except ``qk_scale``; window_size defaults to 8) plus
+    ``pretrained_window_size`` (int for all stages or a list of 4; mmpretrain spells it ``pretrained_window_sizes``;
+    0 means "the window actually used"): the window the weights were pretrained with, which normalises the
+    continuous position bias coordinates (e.g. ``[12, 12, 12, 6]`` for the official 12to16 / 12to24 fine-tunes).
     Res-post-norm, scaled cosine attention (logit scale clamped at log 100), log-spaced CPB MLP 2->512->heads,
     separate q/v biases, reduction-then-norm patch merging.
     """
 
+    family = 'swinv2'
     v2 = True
+    converter = staticmethod(partial(convert_swin, version=2))
+    _DETECT = re.compile(r'^(?:layers|stages)\.\d+\.blocks\.\d+\.attn\.(?:w_msa\.)?cpb_mlp\.')
 
-    def __init__(self, arch='tiny', window_size=8, pretrained_window_size=0, **kwargs):
-        super().__init__(arch=arch, window_size=window_size, pretrained_window_size=pretrained_window_size, **kwargs)
+    def __init__(self, arch=DEFAULT_ARCH, window_size=8, **kwargs):
+        arch, kwargs = translate_swin_kwargs(type(self), arch, kwargs)
+        super().__init__(arch=str(arch) if isinstance(arch, str) else arch, window_size=window_size, **kwargs)

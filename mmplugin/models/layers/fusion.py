@@ -7,6 +7,8 @@ rewrites (differences are float rounding, ~1e-7 relative), used both on the fly 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -66,7 +68,7 @@ def folded_bn_conv1x1(bn: _BatchNorm, conv: nn.Conv2d) -> tuple[torch.Tensor, to
 
 
 @torch.no_grad()
-def fuse_conv_bn_(conv: nn.Conv2d, bn: _BatchNorm) -> nn.Conv2d:
+def fuse_conv_bn(conv: nn.Conv2d, bn: _BatchNorm) -> nn.Conv2d:
     """Return a new conv equal to ``bn(conv(.))`` in eval mode (for deployment)."""
     w, b = folded_conv_bn(conv, bn)
     fused = nn.Conv2d(conv.in_channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,
@@ -77,7 +79,7 @@ def fuse_conv_bn_(conv: nn.Conv2d, bn: _BatchNorm) -> nn.Conv2d:
 
 
 @torch.no_grad()
-def fuse_bn_conv1x1_(bn: _BatchNorm, conv: nn.Conv2d) -> nn.Conv2d:
+def fuse_bn_conv1x1(bn: _BatchNorm, conv: nn.Conv2d) -> nn.Conv2d:
     """Return a new 1x1 conv equal to ``conv(bn(.))`` in eval mode (for deployment)."""
     w, b = folded_bn_conv1x1(bn, conv)
     fused = nn.Conv2d(conv.in_channels, conv.out_channels, 1, bias=True).to(w)
@@ -103,11 +105,25 @@ def _onednn_ops_available() -> bool:
 
 
 _ONEDNN = _onednn_ops_available()
+_FUSION_OFF = 0  # > 0 inside ``onednn_fusion_disabled()``
+
+
+@contextmanager
+def onednn_fusion_disabled():
+    """Run standard ops only. oneDNN's fused ReLU / GELU post-ops map NaN to 0, so a forward whose input holds
+    NaN / Inf must not use them (NaN in, NaN out)."""
+    global _FUSION_OFF
+    _FUSION_OFF += 1
+    try:
+        yield
+    finally:
+        _FUSION_OFF -= 1
 
 
 def can_fuse_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """oneDNN post-op fusion applies: CPU, fp32, no autograd (deployed inference)."""
-    if torch.jit.is_tracing() or torch.jit.is_scripting():  # keep traced / exported graphs to standard ops
+    """oneDNN post-op fusion applies: CPU, fp32, no autograd (deployed inference), not traced / exported / compiled
+    (those graphs keep standard ops; compilers fuse on their own)."""
+    if torch.jit.is_tracing() or torch.jit.is_scripting() or torch.compiler.is_compiling() or _FUSION_OFF:
         return False
     return (_ONEDNN and x.device.type == 'cpu' and x.dtype == torch.float32 and weight.dtype == torch.float32
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))

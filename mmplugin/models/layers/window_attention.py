@@ -80,11 +80,14 @@ class WindowGeometry:
 
 
 @lru_cache(maxsize=64)
-def relative_position_index(ws: int, device: torch.device) -> torch.Tensor:
-    """``(ws*ws, ws*ws)`` index into a ``(2ws-1)^2`` table: ``(dy + ws - 1) * (2ws - 1) + (dx + ws - 1)``."""
+def relative_position_index(ws: int, device: torch.device, table_ws: int | None = None) -> torch.Tensor:
+    """``(ws*ws, ws*ws)`` index into a ``(2T-1)^2`` table (``T = table_ws``, default ``ws``):
+    ``(dy + T - 1) * (2T - 1) + (dx + T - 1)``. A window smaller than the table's reads the table's centre, i.e.
+    the same offsets."""
+    t = table_ws or ws
     coords = torch.stack(torch.meshgrid(torch.arange(ws), torch.arange(ws), indexing='ij')).flatten(1)
-    rel = coords[:, :, None] - coords[:, None, :] + (ws - 1)
-    return (rel[0] * (2 * ws - 1) + rel[1]).to(device)
+    rel = coords[:, :, None] - coords[:, None, :] + (t - 1)
+    return (rel[0] * (2 * t - 1) + rel[1]).to(device)
 
 
 def log_spaced_coords(ws: int, pretrained_ws: int) -> torch.Tensor:
@@ -106,12 +109,13 @@ def _split_heads(qkv: torch.Tensor, heads: int):
     return qkv[0], qkv[1], qkv[2]  # (B*nW, heads, N, d) each
 
 
-def _attend(q, k, v, bias: torch.Tensor, b: int, scale: float | None) -> torch.Tensor:
-    """SDPA over windows. ``bias``: ``(nW or 1, heads, N, N)`` shared by the ``b`` images of the batch."""
+def _attend(q, k, v, bias: torch.Tensor, b: int, scale: float | None, dropout: float = 0.0) -> torch.Tensor:
+    """SDPA over windows. ``bias``: ``(nW or 1, heads, N, N)`` shared by the ``b`` images of the batch;
+    ``dropout`` on the attention probabilities (training only)."""
     bw, heads, n, d = q.shape
     if b > 1 and bias.shape[0] > 1:
         bias = bias.unsqueeze(0).expand(b, -1, -1, -1, -1).reshape(bw, heads, n, n)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale, dropout_p=dropout)
     return out.transpose(1, 2).reshape(bw, n, heads * d)
 
 
@@ -121,25 +125,30 @@ class WindowAttention(nn.Module):
     Args:
         dim (int): channels C. num_heads (int): heads. window_size (int): ws.
         qkv_bias (bool): bias in the qkv projection. Defaults to True.
+        qk_scale (float | None): attention scale; None means ``head_dim ** -0.5`` (mmdet / mmseg option).
+        attn_drop (float): dropout on the attention probabilities. proj_drop (float): dropout after ``proj``.
 
     Parameters keep the official names (``qkv``, ``proj``, ``relative_position_bias_table`` of shape
     ``((2ws-1)^2, heads)``); the index is a cached, non-persistent derived tensor.
     """
 
-    def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True):
+    def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True,
+                 qk_scale: float | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0):
         super().__init__()
         self.num_heads, self.window_size = num_heads, window_size
-        self.scale = (dim // num_heads)**-0.5
+        self.scale = qk_scale or (dim // num_heads)**-0.5
+        self.attn_drop = attn_drop
         self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window_size - 1)**2, num_heads))
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
+        self.proj_drop = nn.Dropout(proj_drop)
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
-    def position_bias(self) -> torch.Tensor:
-        """``(heads, N, N)`` relative position bias."""
-        n = self.window_size**2
-        idx = relative_position_index(self.window_size, self.relative_position_bias_table.device)
-        return self.relative_position_bias_table[idx.view(-1)].view(n, n, -1).permute(2, 0, 1)
+    def position_bias(self, ws: int | None = None) -> torch.Tensor:
+        """``(heads, N, N)`` relative position bias of a ``ws`` window (default: the configured one)."""
+        ws = ws or self.window_size
+        idx = relative_position_index(ws, self.relative_position_bias_table.device, self.window_size)
+        return self.relative_position_bias_table[idx.view(-1)].view(ws * ws, ws * ws, -1).permute(2, 0, 1)
 
     def forward(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor:
         """x: ``(B, H, W, C)`` block input (already normalised for V1) -> ``(B, H, W, C)``."""
@@ -147,11 +156,11 @@ class WindowAttention(nn.Module):
         win = geom.partition(x)
         q, k, v = _split_heads(self.qkv(win), self.num_heads)
         bias = self._bias(geom)
-        out = self.proj(_attend(q, k, v, bias, b, self.scale))
-        return geom.reverse(out, b)
+        out = self.proj(_attend(q, k, v, bias, b, self.scale, self.attn_drop if self.training else 0.0))
+        return geom.reverse(self.proj_drop(out), b)
 
     def _bias(self, geom: WindowGeometry) -> torch.Tensor:
-        bias = self.position_bias().unsqueeze(0)  # (1, heads, N, N)
+        bias = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
         return bias if geom.mask is None else bias + geom.mask.unsqueeze(1)
 
 
@@ -163,13 +172,17 @@ class WindowAttentionV2(WindowAttention):
 
     Args:
         pretrained_window_size (int): window the weights were trained with; coordinates are normalised by it.
-            0 means ``window_size``.
+            0 means the window actually used (``window_size``, or the smaller window of a small map).
+        attn_drop (float): dropout on the attention probabilities. proj_drop (float): dropout after ``proj``.
     """
 
     def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True,
-                 pretrained_window_size: int = 0):
+                 pretrained_window_size: int = 0, attn_drop: float = 0.0, proj_drop: float = 0.0):
         nn.Module.__init__(self)
         self.num_heads, self.window_size = num_heads, window_size
+        self.attn_drop = attn_drop
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.pretrained_window_size_arg = pretrained_window_size
         self.pretrained_window_size = pretrained_window_size or window_size
         self.logit_scale = nn.Parameter(torch.log(10 * torch.ones(num_heads, 1, 1)))
         self.cpb_mlp = nn.Sequential(nn.Linear(2, 512, bias=True), nn.ReLU(inplace=True),
@@ -184,11 +197,15 @@ class WindowAttentionV2(WindowAttention):
         self.register_buffer('relative_coords_table',
                              log_spaced_coords(window_size, self.pretrained_window_size), persistent=False)
 
-    def position_bias(self) -> torch.Tensor:
-        n = self.window_size**2
-        table = self.cpb_mlp(self.relative_coords_table).view(-1, self.num_heads)
-        idx = relative_position_index(self.window_size, table.device)
-        return 16 * torch.sigmoid(table[idx.view(-1)].view(n, n, -1).permute(2, 0, 1))
+    def position_bias(self, ws: int | None = None) -> torch.Tensor:
+        ws = ws or self.window_size
+        if ws == self.window_size:
+            coords = self.relative_coords_table
+        else:  # a smaller window on a small map (pad_small_map=False), as the official code builds it
+            coords = log_spaced_coords(ws, self.pretrained_window_size_arg or ws).to(self.relative_coords_table)
+        table = self.cpb_mlp(coords).view(-1, self.num_heads)
+        idx = relative_position_index(ws, table.device)
+        return 16 * torch.sigmoid(table[idx.view(-1)].view(ws * ws, ws * ws, -1).permute(2, 0, 1))
 
     def forward(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor:
         b = x.shape[0]
@@ -200,5 +217,5 @@ class WindowAttentionV2(WindowAttention):
         scale = torch.exp(torch.clamp(self.logit_scale, max=math.log(100.0)))  # (heads, 1, 1), fp32-safe
         q = F.normalize(q, dim=-1) * scale.to(q.dtype)
         k = F.normalize(k, dim=-1)
-        out = self.proj(_attend(q, k, v, self._bias(geom), b, 1.0))
-        return geom.reverse(out, b)
+        out = self.proj(_attend(q, k, v, self._bias(geom), b, 1.0, self.attn_drop if self.training else 0.0))
+        return geom.reverse(self.proj_drop(out), b)

@@ -1,0 +1,234 @@
+"""The contract every backbone family must keep, as reusable checks.
+
+``tests/test_conformance.py`` runs them over every registered family and arch; ``tests/test_toy_family.py`` runs
+them on a family defined inside the test, which proves a new family needs nothing outside its own file. Each check
+builds its own models, so families can be checked in any order.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.utils.checkpoint
+from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from mmplugin.models.backbones.base import BaseBackbone, detect_family
+
+SIZES = [(64, 64), (37, 53)]
+
+
+def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Random weights everywhere (norm gains near 1, positive variances), so equalities cannot hold by accident."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in list(model.named_parameters()) + list(model.named_buffers()):
+            if not p.is_floating_point() or 'relative_coords_table' in name:
+                continue
+            if name.endswith('running_var'):
+                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
+            elif p.ndim == 1 and name.endswith('weight'):
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12)).item()
+
+
+def build(cls: type[BaseBackbone], arch, **kwargs) -> BaseBackbone:
+    kwargs.setdefault('drop_path_rate', 0.0)
+    return cls(arch, **kwargs)
+
+
+def check_declared_shapes(cls, arch) -> None:
+    """Outputs follow ``out_channels`` / ``out_strides`` / ``output_shape()``, in ascending stage order."""
+    for out_indices in [(0, 1, 2, 3), (3, 1), (2, )]:
+        model = build(cls, arch, out_indices=out_indices).eval()
+        assert model.out_indices == tuple(sorted(out_indices))
+        assert [d['channels'] for d in model.output_shape()] == model.out_channels
+        assert [d['stride'] for d in model.output_shape()] == model.out_strides
+        assert model.out_channels == [model.stage_channels[i] for i in sorted(out_indices)]
+        assert all(b > a for a, b in zip(model.out_strides, model.out_strides[1:]))
+        for n, (h, w) in zip((1, 2), SIZES):
+            with torch.no_grad():
+                outs = model(torch.randn(n, model.in_channels, h, w))
+            assert len(outs) == len(model.out_indices)
+            for o, c, s in zip(outs, model.out_channels, model.out_strides):
+                assert tuple(o.shape) == (n, c, math.ceil(h / s), math.ceil(w / s)), (o.shape, c, s, h, w)
+                assert o.is_contiguous(), 'outputs must be contiguous NCHW (mmcv ops read raw memory)'
+
+
+def check_empty_batch(cls, arch) -> None:
+    model = build(cls, arch).eval()
+    outs = model(torch.randn(0, model.in_channels, 45, 61))
+    assert [tuple(o.shape) for o in outs] == [(0, c, math.ceil(45 / s), math.ceil(61 / s))
+                                              for c, s in zip(model.out_channels, model.out_strides)]
+
+
+def _frozen_param_ids(model: BaseBackbone, fs: int) -> set[int]:
+    mods = list(model.stem_modules()) if fs >= 0 else []
+    for i in range(min(fs, model.num_stages)):
+        mods += model.stage_modules(i)
+        if i in model.out_indices:
+            mods.append(getattr(model, f'norm{i}'))
+    return {id(p) for m in mods for p in m.parameters()}
+
+
+def check_freezing(cls, arch) -> None:
+    """``frozen_stages=k`` fixes exactly the stem and stages 1..k (and their output norms) from construction on:
+    no gradient, weights and BatchNorm statistics unchanged by a training step, eval mode kept by ``train()``."""
+    for fs in range(-1, cls.num_stages + 1):
+        model = _randomize(build(cls, arch, frozen_stages=fs))
+        frozen = _frozen_param_ids(model, fs)
+        if fs >= 0:
+            assert frozen, 'frozen_stages >= 0 must freeze something'
+        for n, p in model.named_parameters():
+            assert p.requires_grad == (id(p) not in frozen), (fs, n)
+        if fs not in (0, cls.num_stages - 1):
+            continue  # the training step below is checked on two settings to keep the suite short
+        model.train()
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+        outs = model(torch.randn(2, model.in_channels, 64, 64))
+        sum(o.pow(2).mean() for o in outs).backward()
+        opt.step()
+        frozen_names = {n for n, p in model.named_parameters() if id(p) in frozen}
+        frozen_mods = [m for m in model.modules() if any(id(p) in frozen for p in m.parameters(recurse=False))]
+        assert all(not m.training for m in frozen_mods)
+        after = model.state_dict()
+        for k in frozen_names:
+            assert torch.equal(after[k], before[k]), k
+        for name, m in model.named_modules():
+            if isinstance(m, _BatchNorm) and id(m.weight) in frozen:
+                assert torch.equal(after[f'{name}.running_mean'], before[f'{name}.running_mean']), name
+        trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+        assert any(not torch.equal(after[n], before[n]) for n in trainable), 'nothing trained'
+
+
+def check_norm_eval(cls, arch) -> bool:
+    """With ``norm_eval=True`` a training step leaves every BatchNorm's running statistics unchanged (and without
+    it they change). Returns False when the family has no BatchNorm (nothing to check)."""
+    stats = {}
+    for norm_eval in (True, False):
+        model = _randomize(build(cls, arch, norm_eval=norm_eval)).train()
+        bns = {n: m for n, m in model.named_modules() if isinstance(m, _BatchNorm)}
+        if not bns:
+            return False
+        before = {n: m.running_mean.clone() for n, m in bns.items()}
+        model(torch.randn(2, model.in_channels, 64, 64))
+        stats[norm_eval] = [torch.equal(m.running_mean, before[n]) for n, m in bns.items()]
+        assert model.training
+    assert all(stats[True]), 'norm_eval=True let running statistics change'
+    assert not any(stats[False]), 'without norm_eval the statistics should update (the check would be vacuous)'
+    return True
+
+
+def check_with_cp(cls, arch, monkeypatch) -> None:
+    """Gradient checkpointing, switched on after construction, really recomputes blocks and changes nothing."""
+    a = _randomize(build(cls, arch), seed=3).train()
+    b = build(cls, arch).train()
+    b.load_state_dict(a.state_dict())
+    b.set_grad_checkpointing(True)
+    calls = []
+    real = torch.utils.checkpoint.checkpoint
+    monkeypatch.setattr(torch.utils.checkpoint, 'checkpoint', lambda *args, **kw: calls.append(1) or real(*args, **kw))
+    x = torch.randn(2, a.in_channels, 48, 40, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_(True)
+    torch.manual_seed(0)
+    oa = a(x)
+    torch.manual_seed(0)
+    ob = b(x2)
+    assert calls, 'with_cp did not checkpoint any block'
+    for p, q in zip(oa, ob):
+        assert _rel(q, p) < 1e-5
+    sum((o * o).mean() for o in oa).backward()
+    sum((o * o).mean() for o in ob).backward()
+    for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
+        if p.grad is not None:
+            assert _rel(q.grad, p.grad) < 1e-4, n
+    assert _rel(x2.grad, x.grad) < 1e-4
+
+
+def check_grad_strides(cls, arch) -> None:
+    """Every gradient has its parameter's strides, so DDP copies nothing ("Grad strides do not match bucket view
+    strides" never fires) and optimisers update in place."""
+    model = build(cls, arch).train()
+    outs = model(torch.randn(2, model.in_channels, 40, 48))
+    sum(o.pow(2).mean() for o in outs).backward()
+    bad = [(n, p.stride(), p.grad.stride()) for n, p in model.named_parameters()
+           if p.grad is not None and p.grad.stride() != p.stride()]
+    assert not bad, bad[:5]
+
+
+def check_bf16(cls, arch) -> None:
+    """bf16 autocast: finite forward and backward, close to fp32."""
+    model = _randomize(build(cls, arch), seed=4).eval()
+    x = torch.randn(1, model.in_channels, 64, 64)
+    with torch.no_grad():
+        ref = model(x)
+    model.train()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(x)
+        loss = sum(o.float().pow(2).mean() for o in outs)
+    loss.backward()
+    assert all(torch.isfinite(o.float()).all() for o in outs)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    model.eval()
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        low = model(x)
+    for o, r in zip(low, ref):
+        assert _rel(o, r) < 0.1
+
+
+def check_bad_input(cls, arch) -> None:
+    import pytest
+    model = build(cls, arch).eval()
+    c = model.in_channels
+    with pytest.raises(ValueError, match=f'expected {c} input channels, got {c + 1}'):
+        model(torch.rand(1, c + 1, 32, 32))
+    with pytest.raises(ValueError, match=r'shape \(N, \d+, H, W\)'):
+        model(torch.rand(c, 32, 32))
+    with pytest.raises(TypeError, match='floating-point'):
+        model(torch.zeros(1, c, 32, 32, dtype=torch.uint8))
+
+
+def check_state_dict_roundtrip(cls, arch, tmp_path) -> None:
+    """A saved model loads back through ``init_cfg=Pretrained`` to identical weights and outputs, and its
+    checkpoint is recognised as this family (and only this one)."""
+    model = _randomize(build(cls, arch), seed=5).eval()
+    path = tmp_path / f'{cls.family}.pth'
+    torch.save({'state_dict': model.state_dict()}, path)
+    other = build(cls, arch, init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    other.init_weights()
+    other.eval()
+    for k, v in model.state_dict().items():
+        assert torch.equal(other.state_dict()[k], v), k
+    x = torch.randn(1, model.in_channels, 40, 40)
+    with torch.no_grad():
+        for o, r in zip(other(x), model(x)):
+            assert torch.equal(o, r)
+    assert detect_family(model.state_dict()) is cls
+
+
+def check_layer_depths(cls, arch) -> None:
+    """Layer-wise decay depths: stem 0, every parameter in range, non-decreasing through the stages."""
+    model = build(cls, arch)
+    top = model.num_layers - 1
+    depths = {n: model.layer_depth(n) for n, _ in model.named_parameters()}
+    assert all(0 <= d < top for d in depths.values()), depths
+    assert all(depths[n] == 0 for n, p in model.named_parameters()
+               if any(p is q for m in model.stem_modules() for q in m.parameters()))
+    per_stage = []
+    for i in range(model.num_stages):
+        ids = {id(p) for m in model.stage_modules(i) for p in m.parameters()}
+        per_stage.append([d for n, d in depths.items() if id(dict(model.named_parameters())[n]) in ids])
+    for a, b in zip(per_stage, per_stage[1:]):
+        assert max(a) <= min(b), 'depth must not decrease from one stage to the next'
+    assert model.layer_depth('not.a.parameter') == top
+
+
+ALL_CHECKS = [check_declared_shapes, check_empty_batch, check_freezing, check_norm_eval, check_bf16,
+              check_bad_input, check_layer_depths, check_grad_strides]
