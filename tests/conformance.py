@@ -43,14 +43,18 @@ def build(cls: type[BaseBackbone], arch, **kwargs) -> BaseBackbone:
     return cls(arch, **kwargs)
 
 
-def check_declared_shapes(cls, arch) -> None:
-    """Outputs follow ``out_channels`` / ``out_strides`` / ``output_shape()``, in ascending stage order."""
-    for out_indices in [(0, 1, 2, 3), (3, 1), (2, )]:
-        model = build(cls, arch, out_indices=out_indices).eval()
-        assert model.out_indices == tuple(sorted(out_indices))
+def check_declared_shapes(cls, arch, model: BaseBackbone | None = None) -> None:
+    """Outputs follow ``out_channels`` / ``out_strides`` / ``output_shape()``, in ascending stage order
+    (``model``: an already built default instance of ``arch``, to save building it again)."""
+    models = [model if model is not None else build(cls, arch)]
+    if model is None:
+        models += [build(cls, arch, out_indices=(3, 1)), build(cls, arch, out_indices=(2, ))]
+    for model in models:
+        model.eval()
+        assert list(model.out_indices) == sorted(model.out_indices)
         assert [d['channels'] for d in model.output_shape()] == model.out_channels
         assert [d['stride'] for d in model.output_shape()] == model.out_strides
-        assert model.out_channels == [model.stage_channels[i] for i in sorted(out_indices)]
+        assert model.out_channels == [model.stage_channels[i] for i in model.out_indices]
         assert all(b > a for a, b in zip(model.out_strides, model.out_strides[1:]))
         for n, (h, w) in zip((1, 2), SIZES):
             with torch.no_grad():
@@ -164,12 +168,9 @@ def check_grad_strides(cls, arch) -> None:
 
 
 def check_bf16(cls, arch) -> None:
-    """bf16 autocast: finite forward and backward, close to fp32."""
-    model = _randomize(build(cls, arch), seed=4).eval()
+    """bf16 autocast: finite forward and backward in training; at inference within 5% of fp32 (default init)."""
+    model = build(cls, arch).train()
     x = torch.randn(1, model.in_channels, 64, 64)
-    with torch.no_grad():
-        ref = model(x)
-    model.train()
     with torch.autocast('cpu', dtype=torch.bfloat16):
         outs = model(x)
         loss = sum(o.float().pow(2).mean() for o in outs)
@@ -177,10 +178,13 @@ def check_bf16(cls, arch) -> None:
     assert all(torch.isfinite(o.float()).all() for o in outs)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     model.eval()
-    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
-        low = model(x)
+    with torch.no_grad():
+        ref = model(x)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            low = model(x)
     for o, r in zip(low, ref):
-        assert _rel(o, r) < 0.1
+        assert o.dtype == torch.bfloat16 or o.dtype == torch.float32
+        assert _rel(o, r) < 0.05
 
 
 def check_bad_input(cls, arch) -> None:
@@ -213,9 +217,9 @@ def check_state_dict_roundtrip(cls, arch, tmp_path) -> None:
     assert detect_family(model.state_dict()) is cls
 
 
-def check_layer_depths(cls, arch) -> None:
+def check_layer_depths(cls, arch, model: BaseBackbone | None = None) -> None:
     """Layer-wise decay depths: stem 0, every parameter in range, non-decreasing through the stages."""
-    model = build(cls, arch)
+    model = model if model is not None else build(cls, arch)
     top = model.num_layers - 1
     depths = {n: model.layer_depth(n) for n, _ in model.named_parameters()}
     assert all(0 <= d < top for d in depths.values()), depths

@@ -6,12 +6,14 @@ from conformance import (check_bad_input, check_bf16, check_declared_shapes, che
                          check_grad_strides, check_layer_depths, check_norm_eval, check_state_dict_roundtrip, check_with_cp)
 
 import mmplugin  # noqa: F401
-from mmplugin.models.backbones.base import FAMILIES
+from mmplugin.models.backbones.base import FAMILIES, detect_family
 
 CASES = [(name, arch) for name, cls in FAMILIES.items() for arch in cls.arch_names()]
 IDS = [f'{name}-{arch}' for name, arch in CASES]
-# The gradient-heavy checks run on the smallest arch of each family (the others differ only in widths/depths).
-SMALL = [(name, cls.arch_names()[0]) for name, cls in FAMILIES.items()]
+# The training-step checks run on each family's smoke arch: the named archs differ from it only in widths and
+# depths, and their declarations, depths and detection are checked one by one above.
+SMOKE = [(name, cls.smallest_arch()) for name, cls in FAMILIES.items()]
+SMOKE_IDS = [f'{name}-smoke' for name, _ in SMOKE]
 
 
 def test_every_family_is_declared_completely():
@@ -22,51 +24,56 @@ def test_every_family_is_declared_completely():
 
 
 @pytest.mark.parametrize('family,arch', CASES, ids=IDS)
-def test_declared_shapes(family, arch):
+def test_named_arch(family, arch):
+    """Every named arch: declared outputs, layer depths, and its checkpoints recognised as its family only."""
+    cls = FAMILIES[family]
+    model = cls(arch, drop_path_rate=0.0)
+    check_declared_shapes(cls, arch, model)
+    check_layer_depths(cls, arch, model)
+    assert detect_family(model.state_dict()) is cls
+
+
+@pytest.mark.parametrize('family,arch', SMOKE, ids=SMOKE_IDS)
+def test_declared_shapes_and_output_order(family, arch):
     check_declared_shapes(FAMILIES[family], arch)
 
 
-@pytest.mark.parametrize('family,arch', CASES, ids=IDS)
-def test_state_dict_roundtrip_and_detection(family, arch, tmp_path):
+@pytest.mark.parametrize('family,arch', SMOKE, ids=SMOKE_IDS)
+def test_state_dict_roundtrip(family, arch, tmp_path):
     check_state_dict_roundtrip(FAMILIES[family], arch, tmp_path)
 
 
-@pytest.mark.parametrize('family,arch', CASES, ids=IDS)
-def test_layer_depths(family, arch):
-    check_layer_depths(FAMILIES[family], arch)
-
-
-@pytest.mark.parametrize('family,arch', SMALL)
+@pytest.mark.parametrize('family,arch', SMOKE, ids=SMOKE_IDS)
 def test_freezing(family, arch):
     check_freezing(FAMILIES[family], arch)
 
 
-@pytest.mark.parametrize('family,arch', SMALL)
+@pytest.mark.parametrize('family,arch', SMOKE, ids=SMOKE_IDS)
 def test_norm_eval_keeps_running_statistics(family, arch):
     if not check_norm_eval(FAMILIES[family], arch):
         pytest.skip(f'{family} has no BatchNorm')
 
 
-@pytest.mark.parametrize('family,arch', SMALL)
+@pytest.mark.parametrize('family,arch', SMOKE, ids=SMOKE_IDS)
 def test_with_cp_after_construction(family, arch, monkeypatch):
     check_with_cp(FAMILIES[family], arch, monkeypatch)
 
 
-@pytest.mark.parametrize('family,arch', SMALL)
+@pytest.mark.parametrize('family,arch', SMOKE, ids=SMOKE_IDS)
 def test_bf16(family, arch):
     check_bf16(FAMILIES[family], arch)
 
 
-@pytest.mark.parametrize('family,arch', SMALL)
+@pytest.mark.parametrize('family,arch', SMOKE, ids=SMOKE_IDS)
 def test_bad_input(family, arch):
     check_bad_input(FAMILIES[family], arch)
 
 
-@pytest.mark.parametrize('family,arch', SMALL)
+@pytest.mark.parametrize('family,arch', SMOKE, ids=SMOKE_IDS)
 def test_empty_batch(family, arch):
     check_empty_batch(FAMILIES[family], arch)
 
 
-@pytest.mark.parametrize('family,arch', SMALL)
+@pytest.mark.parametrize('family,arch', SMOKE, ids=SMOKE_IDS)
 def test_grad_strides_match_parameters(family, arch):
     check_grad_strides(FAMILIES[family], arch)

@@ -3,7 +3,6 @@ backbones that are not the plugin's."""
 from __future__ import annotations
 
 import pytest
-from mmengine.model import BaseModel
 from mmengine.optim import build_optim_wrapper
 from torch import nn
 
@@ -11,7 +10,7 @@ import mmplugin  # noqa: F401
 from mmplugin.models import SwiftFormer, SwinTransformer, SwinTransformerV2
 
 
-class _Model(BaseModel):
+class _Model(nn.Module):
     def __init__(self, backbone):
         super().__init__()
         self.backbone = backbone

@@ -101,6 +101,8 @@ class BaseBackbone(BaseModule):
     family: str | None = None
     arch_zoo: dict[str, dict] = {}
     arch_keys: tuple[str, ...] = ()
+    #: a few-thousand-parameter arch of the family for quick checks (tests, smoke runs); None: the first arch
+    smoke_arch: dict | None = None
     num_stages = 4
     converter: Callable | None = None
 
@@ -147,6 +149,11 @@ class BaseBackbone(BaseModule):
         for name, settings in cls.arch_zoo.items():
             seen[id(settings)] = name
         return list(seen.values())
+
+    @classmethod
+    def smallest_arch(cls) -> str | dict:
+        """:attr:`smoke_arch` if declared, else the first named arch."""
+        return dict(cls.smoke_arch) if cls.smoke_arch else cls.arch_names()[0]
 
     @classmethod
     def default_arch(cls) -> str:

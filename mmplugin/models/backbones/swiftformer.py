@@ -270,6 +270,7 @@ class SwiftFormer(BaseBackbone):
         'l3': dict(depths=[4, 4, 12, 6], embed_dims=[64, 128, 320, 512]),
     }
     arch_keys = ('depths', 'embed_dims')
+    smoke_arch = dict(depths=[1, 1, 2, 1], embed_dims=[16, 16, 32, 32])
     converter = staticmethod(convert_swiftformer)
 
     def __init__(self, arch: str | dict = 'l1', in_channels: int = 3, out_indices: Sequence[int] = (0, 1, 2, 3),

@@ -161,6 +161,7 @@ class _SwinBase(BaseBackbone):
         **dict.fromkeys(['l', 'large'], dict(embed_dims=192, depths=[2, 2, 18, 2], num_heads=[6, 12, 24, 48])),
     }  # yapf: disable
     arch_keys = ('embed_dims', 'depths', 'num_heads')
+    smoke_arch = dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 2, 4])
     v2 = False
 
     def __init__(self, arch='tiny', in_channels: int = 3, patch_size: int = 4, window_size=7,
