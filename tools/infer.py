@@ -1,6 +1,8 @@
 """Run a trained detector or segmentor on one image and draw its predictions to a PNG.
 
-    python tools/infer.py CONFIG CHECKPOINT IMAGE --out result.png [--score-thr 0.3] [--device cpu]
+    python tools/infer.py CONFIG CHECKPOINT IMAGE --out result.png [--score-thr 0.3] [--device cpu] [--allow-partial]
+
+CHECKPOINT is a path or an http(s) URL. It must fit the model of CONFIG (see tools/test.py), unless --allow-partial.
 
 Uses mmdet's DetLocalVisualizer or mmseg's SegLocalVisualizer, chosen by the config's default_scope.
 """
@@ -14,6 +16,18 @@ import sys
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
 
 
+def _fits(model, ckpt, args) -> bool:
+    """Strict loading: refuse a checkpoint that does not fit the model unless --allow-partial."""
+    from mmplugin.checkpoint import check_checkpoint_fits
+    problem = check_checkpoint_fits(model, ckpt, source=args.checkpoint, model_name=args.config)
+    if problem and not args.allow_partial:
+        print(f'error: {problem}\nPass --allow-partial to run anyway.', file=sys.stderr)
+        return False
+    if problem:
+        print(f'warning (--allow-partial): {problem}', file=sys.stderr)
+    return True
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config')
@@ -22,13 +36,21 @@ def main(argv=None) -> int:
     p.add_argument('--out', default='result.png')
     p.add_argument('--score-thr', type=float, default=0.3)
     p.add_argument('--device', default='cpu')
+    p.add_argument('--allow-partial', action='store_true',
+                   help='run even if the checkpoint does not fit the model (missing keys stay random)')
     args = p.parse_args(argv)
+    import mmplugin  # noqa: F401
+    from mmplugin.checkpoint import CheckpointError, is_url, load_checkpoint_file
     for what, path in (('config', args.config), ('checkpoint', args.checkpoint), ('image', args.image)):
-        if not osp.isfile(path):
+        if not osp.isfile(path) and not (what == 'checkpoint' and is_url(path)):
             print(f'error: {what} file not found: {path}', file=sys.stderr)
             return 2
+    try:
+        ckpt = load_checkpoint_file(args.checkpoint)  # fail fast, with a clear message, on a bad file
+    except CheckpointError as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
     import mmcv
-    import mmplugin  # noqa: F401
     from mmengine.config import Config
     cfg = Config.fromfile(args.config)
     cfg.model.get('backbone', {}).pop('init_cfg', None)
@@ -37,6 +59,8 @@ def main(argv=None) -> int:
         from mmseg.apis import inference_model, init_model
         from mmseg.visualization import SegLocalVisualizer
         model = init_model(cfg, args.checkpoint, device=args.device)
+        if not _fits(model, ckpt, args):
+            return 2
         result = inference_model(model, args.image)
         vis = SegLocalVisualizer(name='mmplugin_infer', alpha=0.6)
         vis.dataset_meta = model.dataset_meta
@@ -45,6 +69,8 @@ def main(argv=None) -> int:
         from mmdet.apis import inference_detector, init_detector
         from mmdet.visualization import DetLocalVisualizer
         model = init_detector(cfg, args.checkpoint, device=args.device)
+        if not _fits(model, ckpt, args):
+            return 2
         result = inference_detector(model, args.image)
         vis = DetLocalVisualizer(name='mmplugin_infer')
         vis.dataset_meta = model.dataset_meta
