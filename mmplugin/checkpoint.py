@@ -520,9 +520,13 @@ def atomic_write_bytes(data: bytes, path: str | os.PathLike) -> None:
 
 # ---------------------------------------------------------------------------------------------- does it fit
 def is_optional_key(key: str) -> bool:
-    """Keys a checkpoint may lack: BatchNorm's ``num_batches_tracked`` counters. ``_BatchNorm`` fills an absent
-    counter with 0 when the state dict carries no version metadata (what plain dicts and this plugin's plans
-    are), exactly as a strict ``load_state_dict`` of such a dict does."""
+    """Keys a checkpoint may lack: BatchNorm's ``num_batches_tracked`` counters (only used with ``momentum=None``).
+
+    PyTorch's own strict ``load_state_dict`` accepts a state dict without them when the dict carries no version
+    metadata (plain dicts, and the plans this plugin loads): ``_NormBase._load_from_state_dict`` then fills the
+    absent counter with the module's current value (0 for a new model; older torch versions always used 0).
+    Loading through the plugin leaves the counters exactly as that load would.
+    """
     return key.endswith('num_batches_tracked')
 
 

@@ -16,9 +16,19 @@ import sys
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
 
 
-def _fits(model, ckpt, args) -> bool:
-    """Strict loading: refuse a checkpoint that does not fit the model unless --allow-partial."""
+def _fits(cfg, ckpt, args) -> bool:
+    """Strict loading: refuse a checkpoint that does not fit the config's model unless --allow-partial.
+
+    Checked on a separately built model, before mmdet's / mmseg's init functions load the file (they fail with a
+    bare ``KeyError`` or evaluate random weights behind a warning on a checkpoint that does not fit).
+    """
+    import copy
+
+    from mmengine.registry import MODELS, init_default_scope
+
     from mmplugin.checkpoint import check_checkpoint_fits
+    init_default_scope(cfg.get('default_scope', 'mmdet'))
+    model = MODELS.build(copy.deepcopy(cfg.model))
     problem = check_checkpoint_fits(model, ckpt, source=args.checkpoint, model_name=args.config)
     if problem and not args.allow_partial:
         print(f'error: {problem}\nPass --allow-partial to run anyway.', file=sys.stderr)
@@ -55,12 +65,19 @@ def main(argv=None) -> int:
     cfg = Config.fromfile(args.config)
     cfg.model.get('backbone', {}).pop('init_cfg', None)
     img = mmcv.imread(args.image, channel_order='rgb')
+    if not _fits(cfg, ckpt, args):
+        return 2
     if cfg.get('default_scope') == 'mmseg':
+        from mmengine.runner import load_checkpoint
         from mmseg.apis import inference_model, init_model
+        from mmseg.registry import DATASETS
         from mmseg.visualization import SegLocalVisualizer
-        model = init_model(cfg, args.checkpoint, device=args.device)
-        if not _fits(model, ckpt, args):
-            return 2
+        # mmseg's init_model needs checkpoint['meta'] (KeyError otherwise): load here, classes from the config
+        # when the checkpoint does not name them
+        model = init_model(cfg, None, device=args.device)
+        load_checkpoint(model, args.checkpoint, map_location='cpu')
+        meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
+        model.dataset_meta = meta or DATASETS.build(dict(cfg.test_dataloader.dataset, lazy_init=True)).metainfo
         result = inference_model(model, args.image)
         vis = SegLocalVisualizer(name='mmplugin_infer', alpha=0.6)
         vis.dataset_meta = model.dataset_meta
@@ -69,8 +86,6 @@ def main(argv=None) -> int:
         from mmdet.apis import inference_detector, init_detector
         from mmdet.visualization import DetLocalVisualizer
         model = init_detector(cfg, args.checkpoint, device=args.device)
-        if not _fits(model, ckpt, args):
-            return 2
         result = inference_detector(model, args.image)
         vis = DetLocalVisualizer(name='mmplugin_infer')
         vis.dataset_meta = model.dataset_meta
