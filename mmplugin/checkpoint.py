@@ -229,8 +229,11 @@ def load_checkpoint_file(path: str | os.PathLike, map_location: Any = 'cpu') -> 
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as err:  # noqa: BLE001  every failure becomes a CheckpointError below
         failure = err
-    looks = describe_file(path)
     where = name if is_url(name) else path
+    try:
+        looks = describe_file(path)
+    except OSError as err:  # e.g. no read permission
+        raise CheckpointError(f'cannot read {where!r}: {err.strerror or err}; check its permissions') from None
     if looks is not None:
         raise CheckpointError(
             f'{where!r} is not a readable PyTorch checkpoint: it is {looks[0]}. To fix: {looks[1]}.') from None

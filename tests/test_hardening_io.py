@@ -143,6 +143,25 @@ def test_forbidden_globals_named_and_missing_file_is_both_errors(tmp_path):
     assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, CheckpointError)
 
 
+
+def test_unreadable_file_is_a_checkpoint_error(tmp_path, monkeypatch):
+    import builtins
+
+    import mmplugin.checkpoint as ck
+    locked = tmp_path / 'locked.pth'
+    torch.save({'w': torch.zeros(1)}, locked)
+    real_open = builtins.open
+
+    def deny(file, *args, **kwargs):  # what chmod 000 does for a non-root user (the tests may run as root)
+        if str(file) == str(locked):
+            raise PermissionError(13, 'Permission denied', str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, 'open', deny)
+    with pytest.raises(ck.CheckpointError, match='cannot read .*Permission denied; check its permissions'):
+        ck.load_checkpoint_file(locked)
+
+
 # ------------------------------------------------------------------------------------------------ tools on bad files
 @pytest.fixture(scope='module')
 def tiny_demo(tmp_path_factory):
@@ -362,12 +381,15 @@ def test_get_flops_accepts_a_single_int(capsys, monkeypatch):
     rows = mod.main(['--family', 'swiftformer', '--sizes', '64', '32x64'])
     assert 'GMACs@64x64' in capsys.readouterr().out
     assert rows[0][0] == 'swiftformer-xs' and len(rows[0][2]) == 2 and rows[0][2][0] > rows[0][2][1] > 0
+    with pytest.raises(SystemExit) as info:
+        mod.main(['--sizes', '224x'])
+    assert info.value.code == 2 and "--sizes: '224x' is not a size" in capsys.readouterr().err
     out = _run('tools/get_flops.py', '--sizes', '224x', timeout=120)
     assert out.returncode == 2 and "--sizes: '224x' is not a size" in out.stderr and 'Traceback' not in out.stderr
 
 
-_BUILD_LINE = ('  - Build settings: BUILD_TYPE=Release, CXX_FLAGS= -D_GLIBCXX_USE_CXX11_ABI=1 -Wall -Werror=return-type '
-               '-Werror=non-virtual-dtor -Wno-error=old-style-cast, TORCH_VERSION=2.13.0')
+_BUILD_LINE = ('  - Build settings: BUILD_TYPE=Release, CXX_FLAGS= -D_GLIBCXX_USE_CXX11_ABI=1 -Wall '
+               '-Werror=return-type -Werror=non-virtual-dtor -Wno-error=old-style-cast, TORCH_VERSION=2.13.0')
 
 
 def _stub_demo(tmp_path: Path, train_rc: int) -> Path:
