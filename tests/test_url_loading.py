@@ -10,6 +10,7 @@ import hashlib
 import io
 import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -48,6 +49,8 @@ def server(tmp_path, monkeypatch):
 
         def do_GET(self):  # noqa: N802
             hits[self.path] = hits.get(self.path, 0) + 1
+            if self.path.startswith('/slow'):
+                time.sleep(0.5)  # long enough for concurrent requests to overlap
             entry = files.get(self.path)
             if entry is None:
                 self.send_error(404)
@@ -198,3 +201,18 @@ def test_resume_from_url_is_checked_before_training(server, tmp_path):
     assert cfg.resume and cfg.load_from == base + '/iter_4.pth'
     with pytest.raises(CheckpointNotFoundError):
         prepare_runner_cfg(cfg, Namespace(config='x.py', resume=base + '/gone.pth', work_dir=str(tmp_path / 'w')))
+
+
+def test_concurrent_processes_download_once(server, tmp_path):
+    """DDP ranks asking for the same URL at once: one download (file lock), the others reuse the cached file."""
+    base, files, hits = server
+    files['/slow/w.pth'] = _saved({'w': torch.arange(10.)})
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(download_checkpoint(base + '/slow/w.pth')))
+               for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(set(results)) == 1 and hits['/slow/w.pth'] == 1
+    assert load_checkpoint_file(results[0])['w'][-1] == 9
