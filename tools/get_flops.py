@@ -43,6 +43,14 @@ def complexity(family: str, arch: str, size) -> tuple[int, float]:
     return params, macs
 
 
+def parse_size(text: str, parser: argparse.ArgumentParser) -> tuple[int, int]:
+    """``'224'`` (square) or ``'800x1333'`` (height x width) -> ``(h, w)``; a usage error otherwise."""
+    parts = text.lower().split('x')
+    if len(parts) in (1, 2) and all(v.strip().isdigit() and int(v) > 0 for v in parts):
+        return (int(parts[0]), int(parts[-1]))
+    parser.error(f'--sizes: {text!r} is not a size; write 224 (square) or 800x1333 (height x width)')
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     import mmplugin  # noqa: F401  (registers the families)
@@ -50,7 +58,7 @@ def main(argv=None):
     p.add_argument('--family', choices=[*FAMILIES, 'all'], default='all')
     p.add_argument('--sizes', nargs='+', default=['224x224', '800x1333'])
     args = p.parse_args(argv)
-    sizes = [tuple(int(v) for v in s.lower().split('x')) for s in args.sizes]
+    sizes = [parse_size(s, p) for s in args.sizes]
     families = list(FAMILIES) if args.family == 'all' else [args.family]
     header = f'{"model":24s} {"params":>12s}' + ''.join(f' {f"GMACs@{h}x{w}":>16s}' for h, w in sizes)
     print(header)

@@ -1,6 +1,8 @@
 """Run a trained detector or segmentor on one image and draw its predictions to a PNG.
 
-    python tools/infer.py CONFIG CHECKPOINT IMAGE --out result.png [--score-thr 0.3] [--device cpu]
+    python tools/infer.py CONFIG CHECKPOINT IMAGE --out result.png [--score-thr 0.3] [--device cpu] [--allow-partial]
+
+CHECKPOINT is a path or an http(s) URL. It must fit the model of CONFIG (see tools/test.py), unless --allow-partial.
 
 Uses mmdet's DetLocalVisualizer or mmseg's SegLocalVisualizer, chosen by the config's default_scope.
 """
@@ -14,6 +16,28 @@ import sys
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
 
 
+def _fits(cfg, ckpt, args) -> bool:
+    """Strict loading: refuse a checkpoint that does not fit the config's model unless --allow-partial.
+
+    Checked on a separately built model, before mmdet's / mmseg's init functions load the file (they fail with a
+    bare ``KeyError`` or evaluate random weights behind a warning on a checkpoint that does not fit).
+    """
+    import copy
+
+    from mmengine.registry import MODELS, init_default_scope
+
+    from mmplugin.checkpoint import check_checkpoint_fits
+    init_default_scope(cfg.get('default_scope', 'mmdet'))
+    model = MODELS.build(copy.deepcopy(cfg.model))
+    problem = check_checkpoint_fits(model, ckpt, source=args.checkpoint, model_name=args.config)
+    if problem and not args.allow_partial:
+        print(f'error: {problem}\nPass --allow-partial to run anyway.', file=sys.stderr)
+        return False
+    if problem:
+        print(f'warning (--allow-partial): {problem}', file=sys.stderr)
+    return True
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config')
@@ -22,21 +46,38 @@ def main(argv=None) -> int:
     p.add_argument('--out', default='result.png')
     p.add_argument('--score-thr', type=float, default=0.3)
     p.add_argument('--device', default='cpu')
+    p.add_argument('--allow-partial', action='store_true',
+                   help='run even if the checkpoint does not fit the model (missing keys stay random)')
     args = p.parse_args(argv)
+    import mmplugin  # noqa: F401
+    from mmplugin.checkpoint import CheckpointError, is_url, load_checkpoint_file
     for what, path in (('config', args.config), ('checkpoint', args.checkpoint), ('image', args.image)):
-        if not osp.isfile(path):
+        if not osp.isfile(path) and not (what == 'checkpoint' and is_url(path)):
             print(f'error: {what} file not found: {path}', file=sys.stderr)
             return 2
+    try:
+        ckpt = load_checkpoint_file(args.checkpoint)  # fail fast, with a clear message, on a bad file
+    except CheckpointError as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
     import mmcv
-    import mmplugin  # noqa: F401
     from mmengine.config import Config
     cfg = Config.fromfile(args.config)
     cfg.model.get('backbone', {}).pop('init_cfg', None)
     img = mmcv.imread(args.image, channel_order='rgb')
+    if not _fits(cfg, ckpt, args):
+        return 2
     if cfg.get('default_scope') == 'mmseg':
+        from mmengine.runner import load_checkpoint
         from mmseg.apis import inference_model, init_model
+        from mmseg.registry import DATASETS
         from mmseg.visualization import SegLocalVisualizer
-        model = init_model(cfg, args.checkpoint, device=args.device)
+        # mmseg's init_model needs checkpoint['meta'] (KeyError otherwise): load here, classes from the config
+        # when the checkpoint does not name them
+        model = init_model(cfg, None, device=args.device)
+        load_checkpoint(model, args.checkpoint, map_location='cpu')
+        meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
+        model.dataset_meta = meta or DATASETS.build(dict(cfg.test_dataloader.dataset, lazy_init=True)).metainfo
         result = inference_model(model, args.image)
         vis = SegLocalVisualizer(name='mmplugin_infer', alpha=0.6)
         vis.dataset_meta = model.dataset_meta

@@ -6,6 +6,13 @@
 #   PYTHON            interpreter for a new venv (default: python3.11 if present, else python3)
 #   MMPLUGIN_CACHE    where built mmcv wheels are kept (default: ~/.cache/mmplugin)
 #   MAX_JOBS          parallel compile jobs for mmcv (default: all cores)
+#   FORCE_CUDA=1      compile mmcv's CUDA ops although no GPU is visible (login node, container build; needs nvcc
+#                     matching torch's CUDA). Without it mmcv gets CUDA ops only when a GPU is visible here.
+#   CUDA_HOME         the CUDA toolkit (with bin/nvcc) for that build, when nvcc is not found on its own
+#
+# Cached mmcv wheels are kept per torch version, Python and ops kind (...-cudaops / ...-cpuops); a wheel without
+# CUDA ops is never reused where they are needed (a GPU visible, or FORCE_CUDA=1), and mmcv's ops are verified on
+# CUDA tensors whenever a GPU is visible (tools/mmcv_ops.py).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -18,15 +25,15 @@ say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
 # What the stamp covers: this script and the dependency list.
-want_stamp="$(cat "$ROOT/tools/setup_env.sh" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+want_stamp="$(cat "$ROOT/tools/setup_env.sh" "$ROOT/tools/mmcv_ops.py" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
 VPY="$VENV/bin/python"
 
 if [ -x "$VPY" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want_stamp" ]; then
-  if "$VPY" -c "import mmplugin, mmcv.ops, mmdet, mmseg" 2>/dev/null; then
+  if "$VPY" -c "import mmplugin, mmcv.ops, mmdet, mmseg" 2>/dev/null && "$VPY" "$ROOT/tools/mmcv_ops.py" verify; then
     say "environment up to date ($VENV)"
     exit 0
   fi
-  say "stamp present but imports fail: repairing"
+  say "stamp present but imports or mmcv's ops (on a visible GPU too) fail: repairing"
 fi
 
 # ---------------------------------------------------------------- interpreter and venv
@@ -69,15 +76,11 @@ PYTAG="$("$VPY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
 # ---------------------------------------------------------------- mmcv with ops
 "${PIP[@]}" install -q numpy ninja 'mmengine==0.10.7' addict yapf packaging pyyaml pillow opencv-python-headless
 
-mmcv_ok() {
-  "$VPY" - <<'EOF' 2>/dev/null
-import torch, mmcv
-from mmcv.ops import nms, RoIAlign
-assert mmcv.__version__ == '2.1.0', mmcv.__version__
-boxes = torch.tensor([[0., 0., 10., 10.], [1., 1., 10., 10.]]); scores = torch.tensor([0.9, 0.8])
-assert nms(boxes, scores, 0.5)[1].tolist() == [0]
-EOF
-}
+# NMS and RoIAlign on CPU tensors, and on CUDA tensors when a GPU is visible (prints the reason when they fail).
+mmcv_ok() { "$VPY" "$ROOT/tools/mmcv_ops.py" verify; }
+# Which ops this machine needs ('cuda' with a CUDA torch and a visible GPU or FORCE_CUDA=1, else 'cpu'); stops here,
+# before any build, when they cannot be compiled (GPU but no nvcc, FORCE_CUDA=1 with a CPU torch, nvcc mismatch).
+OPS="$("$VPY" "$ROOT/tools/mmcv_ops.py" plan)" || exit 1
 
 if mmcv_ok; then
   say "mmcv $MMCV_VERSION with ops already installed"
@@ -90,30 +93,38 @@ else
     say "installed mmcv lacks compiled ops or is not $MMCV_VERSION: reinstalling"
     "${PIP[@]}" uninstall -y -q mmcv || true
   fi
-  WHEEL_DIR="$CACHE/wheels/torch-$TORCH_VERSION-$PYTAG"
-  mkdir -p "$WHEEL_DIR"
-  whl="$(ls "$WHEEL_DIR"/mmcv-$MMCV_VERSION-*.whl 2>/dev/null | head -n1 || true)"
+  WHEELS="$CACHE/wheels/torch-$TORCH_VERSION-$PYTAG"  # + -cudaops / -cpuops; the bare name is the old layout
+  whl="$("$VPY" "$ROOT/tools/mmcv_ops.py" pick-wheel "$OPS" "$WHEELS-cudaops" "$WHEELS-cpuops" "$WHEELS")"
   if [ -z "$whl" ]; then
     command -v g++ >/dev/null 2>&1 || die "mmcv $MMCV_VERSION must be compiled (no prebuilt wheel for torch $TORCH_VERSION) and no C++ compiler was found; install one (Debian/Ubuntu: apt install build-essential python3-dev)"
     inc="$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')"
     [ -f "$inc/Python.h" ] || die "Python headers missing ($inc/Python.h); install python3-dev for your interpreter"
     jobs="${MAX_JOBS:-$(nproc)}"
-    say "building mmcv $MMCV_VERSION with ops against torch $TORCH_VERSION ($jobs jobs; ~10 min on 2 cores, cached afterwards in $WHEEL_DIR)"
+    STAGE="$WHEELS-building.$$"
+    rm -rf "$STAGE"; mkdir -p "$STAGE"
+    say "building mmcv $MMCV_VERSION with $OPS ops against torch $TORCH_VERSION ($jobs jobs; ~10 min on 2 cores, cached afterwards in $WHEELS-${OPS}ops)"
     start=$(date +%s)
     ( while sleep 60; do say "  ... still compiling mmcv ($(( ($(date +%s) - start) / 60 )) min)"; done ) &
     ticker=$!
     trap 'kill $ticker 2>/dev/null || true' EXIT
-    MMCV_WITH_OPS=1 MAX_JOBS="$jobs" "${PIP[@]}" wheel -q --no-build-isolation --no-deps -w "$WHEEL_DIR" \
+    MMCV_WITH_OPS=1 MAX_JOBS="$jobs" "${PIP[@]}" wheel -q --no-build-isolation --no-deps -w "$STAGE" \
       "mmcv==$MMCV_VERSION" || die "mmcv build failed (see the compiler output above)"
     kill $ticker 2>/dev/null || true
-    whl="$(ls "$WHEEL_DIR"/mmcv-$MMCV_VERSION-*.whl | head -n1)"
-    say "built $(basename "$whl") in $(( $(date +%s) - start )) s"
+    built="$(ls "$STAGE"/mmcv-$MMCV_VERSION-*.whl | head -n1)"
+    built_ops="$("$VPY" "$ROOT/tools/mmcv_ops.py" wheel-ops "$built")"
+    if [ "$OPS" = cuda ] && [ "$built_ops" != cuda ]; then
+      die "mmcv was built without CUDA ops although they are needed (check nvcc and CUDA_HOME; build log above)"
+    fi
+    mkdir -p "$WHEELS-${built_ops}ops"
+    whl="$WHEELS-${built_ops}ops/$(basename "$built")"
+    mv -f "$built" "$whl" && rm -rf "$STAGE"
+    say "built $(basename "$whl") with $built_ops ops in $(( $(date +%s) - start )) s (cached in $(dirname "$whl"))"
   else
     say "reusing cached $(basename "$whl")"
   fi
   "${PIP[@]}" install -q --no-deps "$whl"
   "${PIP[@]}" install -q addict mmengine yapf packaging pillow pyyaml
-  mmcv_ok || die "mmcv installed but its compiled ops do not load (rebuild: rm -r $WHEEL_DIR)"
+  mmcv_ok || die "mmcv installed but its compiled ops do not work (rebuild: rm -r $(dirname "$whl"))"
 fi
 
 # ---------------------------------------------------------------- mmdet, mmseg, mmplugin

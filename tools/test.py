@@ -1,9 +1,12 @@
 """Evaluate a checkpoint (COCO bbox/segm AP, ADE20K mIoU, ...) with an mmdet or mmseg config.
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--tta] [--show-dir DIR] [--cfg-options ...]
-        [--launcher none|pytorch|slurm]
+        [--allow-partial] [--launcher none|pytorch|slurm]
 
-Checkpoints written by tools/train.py load on torch >= 2.6 with weights-only semantics (see mmplugin.checkpoint).
+CHECKPOINT is a path or an http(s) URL (downloaded once into the torch hub cache). Checkpoints load with
+weights-only semantics (see mmplugin.checkpoint) and strictly: one that does not fit the model of CONFIG (a
+backbone-only or another model's checkpoint) is an error listing the first missing / unexpected keys, unless
+``--allow-partial`` is given.
 ``--tta`` uses the config's ``tta_model`` / ``tta_pipeline`` (multi-scale + flip).
 """
 from __future__ import annotations
@@ -25,6 +28,8 @@ def parse_args(argv=None):
     p.add_argument('--tta', action='store_true', help="test-time augmentation from the config's tta_* entries")
     p.add_argument('--show-dir', help='save visualised predictions here (inside the work dir)')
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    p.add_argument('--allow-partial', action='store_true',
+                   help='evaluate even if the checkpoint does not fit the model (missing keys stay random)')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = p.parse_args(argv)
@@ -45,11 +50,11 @@ def main(argv=None) -> int:
     from mmengine.config import Config
     from mmengine.runner import Runner
 
-    from mmplugin.checkpoint import CheckpointError, load_checkpoint_file
+    from mmplugin.checkpoint import CheckpointError, check_checkpoint_fits, is_url, load_checkpoint_file
     from mmplugin.utils import DatasetMissingError, check_datasets, prepare_runner_cfg
 
     for what, path in (('config', args.config), ('checkpoint', args.checkpoint)):
-        if not osp.isfile(path):
+        if not osp.isfile(path) and not (what == 'checkpoint' and is_url(path)):
             print(f'error: {what} file not found: {path}', file=sys.stderr)
             return 2
     cfg = Config.fromfile(args.config)
@@ -57,7 +62,7 @@ def main(argv=None) -> int:
         cfg.merge_from_dict(args.cfg_options)
     try:
         check_datasets(cfg, splits=('test', ))
-        load_checkpoint_file(args.checkpoint)  # fail fast, with a clear message, on a bad file
+        ckpt = load_checkpoint_file(args.checkpoint)  # fail fast, with a clear message, on a bad file
     except (DatasetMissingError, CheckpointError) as err:
         print(f'error: {err}', file=sys.stderr)
         return 2
@@ -83,6 +88,13 @@ def main(argv=None) -> int:
             else:
                 vis['test_out_dir'] = args.show_dir
     runner = Runner.from_cfg(cfg)
+    problem = check_checkpoint_fits(runner.model, ckpt, source=args.checkpoint, model_name=args.config)
+    del ckpt
+    if problem and not args.allow_partial:
+        print(f'error: {problem}\nPass --allow-partial to evaluate anyway.', file=sys.stderr)
+        return 2
+    if problem:
+        print(f'warning (--allow-partial): {problem}', file=sys.stderr)
     metrics = runner.test()
     print({k: _plain(v) for k, v in (metrics or {}).items()})
     return 0

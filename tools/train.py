@@ -22,7 +22,8 @@ def parse_args(argv=None):
     p.add_argument('config', help='config file')
     p.add_argument('--work-dir', help='where logs and checkpoints go (default: work_dirs/<config name>)')
     p.add_argument('--resume', nargs='?', const='auto', default=None,
-                   help='resume from PATH, or (no value) from the newest intact checkpoint in the work dir')
+                   help='resume from PATH or http(s) URL, or (no value) from the newest intact checkpoint in the work '
+                   'dir (unreadable newer ones are named in the log)')
     p.add_argument('--amp', action='store_true', help='mixed precision (GPU); ignored with a warning on CPU')
     p.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config values, key=value')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
@@ -38,6 +39,7 @@ def main(argv=None) -> int:
     from mmengine.config import Config
     from mmengine.runner import Runner
 
+    from mmplugin.checkpoint import CheckpointError
     from mmplugin.utils import DatasetMissingError, check_datasets, prepare_runner_cfg
 
     if not osp.isfile(args.config):
@@ -51,7 +53,11 @@ def main(argv=None) -> int:
     except DatasetMissingError as err:
         print(f'error: {err}', file=sys.stderr)
         return 2
-    prepare_runner_cfg(cfg, args)
+    try:
+        prepare_runner_cfg(cfg, args)
+    except CheckpointError as err:
+        print(f'error: --resume: {err}', file=sys.stderr)
+        return 2
     runner = Runner.from_cfg(cfg)
     runner.train()
     return 0

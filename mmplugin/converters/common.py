@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..checkpoint import CheckpointError
+from ..checkpoint import CheckpointError, format_keys, is_optional_key, key_mismatch_is_structural
 
 __all__ = ['unwrap_state_dict', 'strip_prefixes', 'LoadPlan', 'plan_load', 'rename_keys', 'route_output_norms']
 
@@ -135,16 +135,21 @@ def plan_load(model_sd: Mapping[str, torch.Tensor], sd: dict[str, torch.Tensor],
                               f'most likely for another arch or window size{hint}.')
     missing = [k for k in model_sd if k not in sd]
     unexpected = [k for k in sd if k not in model_sd]
-    body_missing = [k for k in missing if not k.startswith(tuple(optional_missing))]
+    body_missing = [k for k in missing if not k.startswith(tuple(optional_missing)) and not is_optional_key(k)]
     if len(body_missing) == len([k for k in model_sd if not k.startswith(tuple(optional_missing))]):
         raise CheckpointError(f'none of the model\'s weights are in the checkpoint{hint}; it is for another model '
                               f'family or layout (first keys: {list(sd)[:5]})')
     if body_missing or unexpected:
         parts = []
         if body_missing:
-            parts.append(f'missing {len(body_missing)} (e.g. {body_missing[:4]})')
+            parts.append(f'missing {len(body_missing)} ({format_keys(body_missing, 12)})')
         if unexpected:
-            parts.append(f'unexpected {len(unexpected)} (e.g. {unexpected[:4]})')
-        raise CheckpointError('the checkpoint does not fit the model: ' + '; '.join(parts) +
-                              f'. It is most likely for another arch{hint}; nothing was loaded.')
+            parts.append(f'unexpected {len(unexpected)} ({format_keys(unexpected, 12)})')
+        if key_mismatch_is_structural(body_missing, unexpected, model_sd, sd):
+            raise CheckpointError('the checkpoint does not fit the model: ' + '; '.join(parts) +
+                                  f'. Whole blocks or stages differ: it is for another arch{hint}; nothing was '
+                                  'loaded.')
+        raise CheckpointError('the checkpoint does not fit the model: ' + '; '.join(parts) + '. The blocks and '
+                              'shapes agree, so it is incomplete or from another version of the code, not another '
+                              f'arch{hint}; nothing was loaded.')
     return LoadPlan({k: v for k, v in sd.items() if k in model_sd}, missing)

@@ -13,36 +13,75 @@ import torch
 __all__ = ['find_resumable_checkpoint', 'prepare_runner_cfg']
 
 
-def _intact(path: str) -> bool:
-    """A checkpoint file is complete (zip CRCs verify). Atomic saves make this true for every file we wrote;
-    files copied or written by other tools may still be truncated."""
+def _problem(path: str) -> str | None:
+    """Why ``path`` cannot be resumed from (``None``: it is a complete checkpoint archive).
+
+    Atomic saves make every file this plugin wrote complete; files copied or written by other tools may still be
+    truncated, empty or not checkpoints at all. Checks zip CRCs, without unpickling.
+    """
+    from ..checkpoint import describe_file
     try:
         with zipfile.ZipFile(path) as z:
-            return z.testzip() is None
-    except (OSError, zipfile.BadZipFile):
-        return False
+            bad = z.testzip()
+        if bad is None:
+            return None
+    except (OSError, zipfile.BadZipFile, EOFError, ValueError):
+        pass
+    try:
+        looks = describe_file(path)
+    except OSError as err:
+        return f'unreadable: {err}'
+    return looks[0] if looks else 'not a complete checkpoint archive'
 
 
-def find_resumable_checkpoint(work_dir: str) -> str | None:
+def find_resumable_checkpoint(work_dir: str, skipped: list[str] | None = None) -> str | None:
     """The newest intact checkpoint in ``work_dir``: the ``last_checkpoint`` pointer if it names an intact file,
-    else the highest-numbered intact ``epoch_*.pth`` / ``iter_*.pth``."""
+    else the highest-numbered intact ``epoch_*.pth`` / ``iter_*.pth``.
+
+    Args:
+        work_dir: the training work dir.
+        skipped: if given, ``'<name> (<what it looks like>)'`` is appended for every newer checkpoint passed over.
+    """
+    skipped = [] if skipped is None else skipped
+    seen = set()
     pointer = osp.join(work_dir, 'last_checkpoint')
     if osp.isfile(pointer):
         with open(pointer) as f:
             path = f.read().strip()
         if path and not osp.isabs(path):
             path = osp.join(work_dir, osp.basename(path))
-        if path and osp.isfile(path) and _intact(path):
-            return path
+        if path and osp.isfile(path):
+            problem = _problem(path)
+            if problem is None:
+                return path
+            skipped.append(f'{osp.basename(path)} ({problem})')
+            seen.add(osp.abspath(path))
     cands = []
     for p in glob.glob(osp.join(work_dir, '*.pth')):
         m = re.match(r'(epoch|iter)_(\d+)\.pth$', osp.basename(p))
         if m:
             cands.append((int(m.group(2)), p))
     for _, p in sorted(cands, reverse=True):
-        if _intact(p):
+        if osp.abspath(p) in seen:
+            continue
+        problem = _problem(p)
+        if problem is None:
             return p
+        skipped.append(f'{osp.basename(p)} ({problem})')
     return None
+
+
+def _check_resume_path(resume: str) -> None:
+    """Fail before any model is built when ``--resume PATH`` cannot be loaded (missing, text, HTML, ...)."""
+    from ..checkpoint import load_checkpoint_file
+    load_checkpoint_file(resume)  # raises CheckpointError (CheckpointNotFoundError for a missing file)
+
+
+def _clean_work_dir(work_dir: str) -> None:
+    from ..checkpoint import remove_stale_temporary_files
+    removed = remove_stale_temporary_files(work_dir, at_resume=True)
+    if removed:
+        print(f'removed {len(removed)} temporary file(s) of interrupted saves: {", ".join(removed)}')
 
 
 def prepare_runner_cfg(cfg, args) -> None:
@@ -69,7 +108,12 @@ def prepare_runner_cfg(cfg, args) -> None:
         optim.pop('dtype', None)
     resume = getattr(args, 'resume', None)
     if resume == 'auto':
-        found = find_resumable_checkpoint(cfg.work_dir) if osp.isdir(cfg.work_dir) else None
+        skipped: list[str] = []
+        found = find_resumable_checkpoint(cfg.work_dir, skipped) if osp.isdir(cfg.work_dir) else None
+        if osp.isdir(cfg.work_dir):
+            _clean_work_dir(cfg.work_dir)
+        if skipped:
+            print(f'resume: skipped {len(skipped)} unreadable checkpoint(s), newest first: {"; ".join(skipped)}')
         cfg.resume = found is not None
         cfg.load_from = found if found else cfg.get('load_from')
         if found:
@@ -77,8 +121,9 @@ def prepare_runner_cfg(cfg, args) -> None:
         else:
             print(f'no checkpoint to resume from in {cfg.work_dir}; starting from scratch')
     elif resume:
-        if not osp.isfile(resume):
-            raise FileNotFoundError(f'--resume {resume!r}: no such checkpoint file')
+        _check_resume_path(resume)
+        if osp.isdir(cfg.work_dir):
+            _clean_work_dir(cfg.work_dir)
         cfg.resume = True
         cfg.load_from = resume
     os.makedirs(cfg.work_dir, exist_ok=True)

@@ -371,7 +371,10 @@ class BaseBackbone(BaseModule):
         """Read, unwrap, convert and check a checkpoint without touching the model; raises CheckpointError."""
         try:
             ckpt = load_checkpoint_file(path, map_location='cpu')
-        except FileNotFoundError:
+        except FileNotFoundError as err:
+            if '://' in str(path):  # a URL: the download error says what the server answered
+                raise CheckpointError(f'pretrained checkpoint {path!r} could not be fetched: {err}. Check the URL, '
+                                      'or download the file and point init_cfg.checkpoint at it') from None
             raise CheckpointError(
                 f'pretrained checkpoint not found: {path!r}. Download the official weights (see README, "Official '
                 'weights") to that path, point init_cfg.checkpoint elsewhere, or train from scratch with '
