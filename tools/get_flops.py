@@ -1,6 +1,7 @@
-"""Parameters and GMACs of the plugin's backbones.
+"""Parameters and GMACs of the plugin's backbones, or of whole models built from configs.
 
     python tools/get_flops.py [--family swiftformer|swin|swinv2|all] [--sizes 224x224 800x1333]
+    python tools/get_flops.py --config configs/swin_l_htcpp_6x.py [...] [--shape 1280 800] [--proposals 1000]
 
 Counts multiply-accumulates with mmengine's jit-trace FlopAnalyzer (one MAC per fused multiply-add, the
 convention of the SwiftFormer and Swin papers), plus a handler for ``scaled_dot_product_attention``. Backbone only:
@@ -48,11 +49,133 @@ def complexity(family: str, arch: str, size) -> tuple[int, float]:
     return params, macs
 
 
+# ------------------------------------------------------------------------------------------------ whole models
+def _fixed_proposals(num: int, width: int, height: int):
+    """``(num, 4)`` boxes spread over the image (fixed seed): the RoI heads' cost depends on how many, not where."""
+    import torch
+    g = torch.Generator().manual_seed(0)
+    xy = torch.rand(num, 2, generator=g) * torch.tensor([width * 0.75, height * 0.75])
+    wh = (0.05 + torch.rand(num, 2, generator=g) * 0.2) * torch.tensor([width, height])
+    return torch.cat([xy, xy + wh], dim=1)
+
+
+def _flat(*outputs) -> tuple:
+    """Nested tuples / lists / dicts of tensors -> one flat tuple (what jit tracing accepts as outputs)."""
+    import torch
+    flat = []
+    for out in outputs:
+        if isinstance(out, torch.Tensor):
+            flat.append(out)
+        elif isinstance(out, dict):
+            flat.extend(_flat(*out.values()))
+        elif isinstance(out, (list, tuple)):
+            flat.extend(_flat(*out))
+    return tuple(flat)
+
+
+def _whole_model_forward(model, width: int, height: int, num_proposals: int):
+    """A module running ``model`` on a ``(1, 3, height, width)`` tensor without data-dependent control flow.
+
+    Detectors with an RPN + RoI head (Faster / Mask / Cascade R-CNN, HTC) get ``num_proposals`` fixed proposals
+    instead of the RPN's (a random-weight RPN keeps an arbitrary number after NMS), as mmdet's FLOP counter has done
+    since 2.x (``forward_dummy``: 1000 proposals); the RoI heads then run their ``forward`` (box heads on every
+    proposal, mask heads on the first 100, HTC's semantic head once). Everything else runs ``model._forward``
+    (mmdet / mmseg tensor mode).
+    """
+    import torch
+    from torch import nn
+
+    class WholeModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = model
+
+        def forward(self, img):
+            if getattr(model, 'with_rpn', False) and getattr(model, 'with_roi_head', False):
+                from mmengine.structures import InstanceData
+                from mmdet.structures import DetDataSample
+                meta = dict(img_shape=(height, width), ori_shape=(height, width), pad_shape=(height, width),
+                            batch_input_shape=(height, width), scale_factor=(1., 1.))
+                x = model.extract_feat(img)
+                rpn = model.rpn_head(x)
+                proposals = InstanceData(bboxes=_fixed_proposals(num_proposals, width, height).to(img.device))
+                return _flat(rpn, model.roi_head(x, [proposals], [DetDataSample(metainfo=meta)]))
+            return _flat(model._forward(img))
+
+    return WholeModel()
+
+
+def model_complexity(config: str, shape=(1280, 800), num_proposals: int = 1000) -> dict:
+    """Parameters and multiply-accumulates of the whole model of an mmdet / mmseg config.
+
+    Args:
+        config: config file; the backbone's ``init_cfg`` is dropped (nothing is downloaded or loaded).
+        shape: ``(width, height)`` of the input, e.g. the Swin paper's detection FLOPs at 1280x800.
+        num_proposals: fixed proposals for two-stage detectors (see :func:`_whole_model_forward`).
+
+    Returns:
+        ``dict(params=int, macs=int, modules={top-level child: macs})``.
+    """
+    import torch
+    from mmengine.analysis import FlopAnalyzer
+    from mmengine.config import Config
+    from mmengine.model import revert_sync_batchnorm
+
+    import mmplugin  # noqa: F401  (registers the plugin's models)
+    cfg = Config.fromfile(config)
+    if cfg.model.get('backbone', {}).get('init_cfg'):
+        cfg.model.backbone.init_cfg = None
+    if cfg.get('default_scope', 'mmdet') == 'mmseg':
+        from mmseg.registry import MODELS
+        from mmseg.utils import register_all_modules
+    else:
+        from mmdet.registry import MODELS
+        from mmdet.utils import register_all_modules
+    register_all_modules(init_default_scope=True)
+    model = revert_sync_batchnorm(MODELS.build(cfg.model)).eval()
+    params = sum(p.numel() for p in model.parameters())
+    width, height = shape
+    wrapper = _whole_model_forward(model, width, height, num_proposals)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter('ignore')
+        fa = FlopAnalyzer(wrapper, (torch.zeros(1, 3, height, width), ))
+        fa.set_op_handle('aten::scaled_dot_product_attention', _sdpa_handle)
+        fa.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+        total = fa.total()
+        by_module = fa.by_module()
+    modules = {}
+    for name, child in model.named_children():
+        if isinstance(child, torch.nn.Sequential):  # a list of necks: one entry each
+            modules.update({f'{name}.{i}': by_module.get(f'model.{name}.{i}', 0) for i in range(len(child))})
+        else:
+            modules[name] = by_module.get(f'model.{name}', 0)
+    return dict(params=params, macs=total, modules={k: v for k, v in modules.items() if v})
+
+
+def main_models(args) -> list[dict]:
+    width, height = args.shape
+    rows = []
+    for config in args.config:
+        res = model_complexity(config, (width, height), args.proposals)
+        parts = ', '.join(f'{k} {v / 1e9:.1f}' for k, v in res['modules'].items())
+        print(f'{osp.basename(config)}: {res["params"]:,d} params ({res["params"] / 1e6:.1f}M), '
+              f'{res["macs"] / 1e9:.1f} GMACs at {width}x{height} ({parts})', flush=True)
+        rows.append(dict(config=config, **res))
+    return rows
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--family', choices=['swiftformer', 'swin', 'swinv2', 'all'], default='all')
     p.add_argument('--sizes', nargs='+', default=['224x224', '800x1333'])
+    p.add_argument('--config', nargs='+', help='whole-model mode: count the full model of these configs instead')
+    p.add_argument('--shape', nargs=2, type=int, default=[1280, 800], metavar=('WIDTH', 'HEIGHT'),
+                   help='whole-model input size (default 1280 800, the Swin paper\'s detection FLOPs)')
+    p.add_argument('--proposals', type=int, default=1000, help='whole-model mode: fixed proposals of two-stage '
+                   'detectors (mmdet convention: 1000; mask heads see the first 100)')
     args = p.parse_args(argv)
+    if args.config:
+        return main_models(args)
     sizes = [tuple(int(v) for v in s.lower().split('x')) for s in args.sizes]
     families = list(ARCHS) if args.family == 'all' else [args.family]
     header = f'{"model":24s} {"params":>12s}' + ''.join(f' {f"GMACs@{h}x{w}":>16s}' for h, w in sizes)
