@@ -73,16 +73,13 @@ def _flat(*outputs) -> tuple:
     return tuple(flat)
 
 
-def _whole_model_forward(model, width: int, height: int, num_proposals: int):
+def _whole_model_forward(model, width: int, height: int, num_rois: int):
     """A module running ``model`` on a ``(1, 3, height, width)`` tensor without data-dependent control flow.
 
-    Detectors with an RPN + RoI head (Faster / Mask / Cascade R-CNN, HTC) get ``num_proposals`` fixed proposals
-    instead of the RPN's (a random-weight RPN keeps an arbitrary number after NMS), as mmdet's FLOP counter has done
-    since 2.x (``forward_dummy``: 1000 proposals); the RoI heads then run their ``forward`` (box heads on every
-    proposal, mask heads on the first 100, HTC's semantic head once). Everything else runs ``model._forward``
-    (mmdet / mmseg tensor mode).
+    Detectors with an RPN + RoI head get ``num_rois`` fixed proposals instead of the RPN's (a random-weight RPN
+    keeps an arbitrary number after NMS) and run their RoI head's ``forward`` on them (every box and mask head
+    stage, HTC's semantic head once). Everything else runs ``model._forward`` (mmdet / mmseg tensor mode).
     """
-    import torch
     from torch import nn
 
     class WholeModel(nn.Module):
@@ -93,28 +90,37 @@ def _whole_model_forward(model, width: int, height: int, num_proposals: int):
         def forward(self, img):
             if getattr(model, 'with_rpn', False) and getattr(model, 'with_roi_head', False):
                 from mmengine.structures import InstanceData
+
                 from mmdet.structures import DetDataSample
                 meta = dict(img_shape=(height, width), ori_shape=(height, width), pad_shape=(height, width),
                             batch_input_shape=(height, width), scale_factor=(1., 1.))
                 x = model.extract_feat(img)
                 rpn = model.rpn_head(x)
-                proposals = InstanceData(bboxes=_fixed_proposals(num_proposals, width, height).to(img.device))
+                proposals = InstanceData(bboxes=_fixed_proposals(num_rois, width, height).to(img.device))
                 return _flat(rpn, model.roi_head(x, [proposals], [DetDataSample(metainfo=meta)]))
             return _flat(model._forward(img))
 
     return WholeModel()
 
 
-def model_complexity(config: str, shape=(1280, 800), num_proposals: int = 1000) -> dict:
+def model_complexity(config: str, shape=(1280, 800), num_proposals: int = 1000, num_mask_rois: int = 100) -> dict:
     """Parameters and multiply-accumulates of the whole model of an mmdet / mmseg config.
+
+    Two-stage detectors are counted the way mmdet's FLOP counter did when the Swin paper was written (2.x
+    ``forward_dummy``): box heads on ``num_proposals`` proposals, mask heads on the first ``num_mask_rois``. mmdet
+    3.x's RoI ``forward`` runs the mask heads on every proposal, so the model runs on ``min(num_proposals,
+    num_mask_rois)`` fixed proposals and the box heads' share, which is linear in the RoI count, is scaled up.
 
     Args:
         config: config file; the backbone's ``init_cfg`` is dropped (nothing is downloaded or loaded).
         shape: ``(width, height)`` of the input, e.g. the Swin paper's detection FLOPs at 1280x800.
-        num_proposals: fixed proposals for two-stage detectors (see :func:`_whole_model_forward`).
+        num_proposals, num_mask_rois: RoIs of the box and the mask heads (two-stage detectors only).
 
     Returns:
-        ``dict(params=int, macs=int, modules={top-level child: macs})``.
+        ``dict(params, macs, attention_macs, modules)``: ``macs`` counts every matrix product, the attention
+        products ``q k^T`` and ``attn v`` included; ``attention_macs`` is their part (mmcv 1.x's module-hook
+        counter, which mmdet 2.x's get_flops used, leaves them out); ``modules`` splits ``macs`` by the model's
+        top-level children (each neck of a list of necks separately).
     """
     import torch
     from mmengine.analysis import FlopAnalyzer
@@ -135,31 +141,40 @@ def model_complexity(config: str, shape=(1280, 800), num_proposals: int = 1000) 
     model = revert_sync_batchnorm(MODELS.build(cfg.model)).eval()
     params = sum(p.numel() for p in model.parameters())
     width, height = shape
-    wrapper = _whole_model_forward(model, width, height, num_proposals)
+    num_rois = min(num_proposals, num_mask_rois)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter('ignore')
-        fa = FlopAnalyzer(wrapper, (torch.zeros(1, 3, height, width), ))
+        fa = FlopAnalyzer(_whole_model_forward(model, width, height, num_rois), (torch.zeros(1, 3, height, width), ))
         fa.set_op_handle('aten::scaled_dot_product_attention', _sdpa_handle)
         fa.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
-        total = fa.total()
-        by_module = fa.by_module()
+        by_module = dict(fa.by_module())
+        by_operator = fa.by_operator()
+    attention = by_operator.get('scaled_dot_product_attention', 0) + by_operator.get('matmul', 0) + \
+        by_operator.get('bmm', 0)
+    if num_proposals > num_rois:  # box heads and their RoI extractor cost the same per RoI
+        for name in ('model.roi_head.bbox_head', 'model.roi_head.bbox_roi_extractor'):
+            extra = by_module.get(name, 0) * (num_proposals - num_rois) // num_rois
+            for scope in ('', 'model', 'model.roi_head', name):
+                by_module[scope] = by_module.get(scope, 0) + extra
     modules = {}
     for name, child in model.named_children():
         if isinstance(child, torch.nn.Sequential):  # a list of necks: one entry each
             modules.update({f'{name}.{i}': by_module.get(f'model.{name}.{i}', 0) for i in range(len(child))})
         else:
             modules[name] = by_module.get(f'model.{name}', 0)
-    return dict(params=params, macs=total, modules={k: v for k, v in modules.items() if v})
+    return dict(params=params, macs=by_module[''], attention_macs=attention,
+                modules={k: v for k, v in modules.items() if v})
 
 
 def main_models(args) -> list[dict]:
     width, height = args.shape
     rows = []
     for config in args.config:
-        res = model_complexity(config, (width, height), args.proposals)
+        res = model_complexity(config, (width, height), args.proposals, args.mask_rois)
         parts = ', '.join(f'{k} {v / 1e9:.1f}' for k, v in res['modules'].items())
         print(f'{osp.basename(config)}: {res["params"]:,d} params ({res["params"] / 1e6:.1f}M), '
-              f'{res["macs"] / 1e9:.1f} GMACs at {width}x{height} ({parts})', flush=True)
+              f'{res["macs"] / 1e9:.1f} GMACs at {width}x{height}, of which attention products '
+              f'{res["attention_macs"] / 1e9:.1f} ({parts})', flush=True)
         rows.append(dict(config=config, **res))
     return rows
 
@@ -171,8 +186,10 @@ def main(argv=None):
     p.add_argument('--config', nargs='+', help='whole-model mode: count the full model of these configs instead')
     p.add_argument('--shape', nargs=2, type=int, default=[1280, 800], metavar=('WIDTH', 'HEIGHT'),
                    help='whole-model input size (default 1280 800, the Swin paper\'s detection FLOPs)')
-    p.add_argument('--proposals', type=int, default=1000, help='whole-model mode: fixed proposals of two-stage '
-                   'detectors (mmdet convention: 1000; mask heads see the first 100)')
+    p.add_argument('--proposals', type=int, default=1000, help='whole-model mode: RoIs of the box heads of '
+                   'two-stage detectors (mmdet 2.x get_flops: 1000)')
+    p.add_argument('--mask-rois', type=int, default=100, help='whole-model mode: RoIs of the mask heads '
+                   '(mmdet 2.x get_flops: the first 100)')
     args = p.parse_args(argv)
     if args.config:
         return main_models(args)
