@@ -12,8 +12,9 @@
 #   has 248.7M. A standard transformer block at the stage-4 width (12 C^2: 28.3M at C=1536, 12.6M at C=1024) leaves
 #   7.0M (L) / 7.2M (B) missing: the same amount for both widths, so it sits after the FPN (256 channels). The
 #   semantic branch (2.8M) plus 4conv1fc box heads in the three stages (+1.3M each over 2fc, as in the Swin authors'
-#   own Cascade Mask R-CNN configs) are 6.8M of it: Swin-L 283.8M (-0.1%), Swin-B 159.5M (-0.3%). Nothing else of
-#   that size fits (an attention-only layer, 4 C^2, leaves 19M / 8M; no semantic branch leaves 2.8M).
+#   own Cascade Mask R-CNN configs) are 6.7M of it: Swin-L 283.8M (-0.1%), Swin-B 159.5M (-0.3%). Nothing else of
+#   that size fits (an attention-only layer, 4 C^2, leaves 19M / 8M; no semantic branch leaves 2.8M). Whole-model
+#   MACs at 1280x800 (tools/get_flops.py --config, mmdet 2.x RoI convention): 1457G (L) / 1029G (B) vs 1470G / 1043G.
 #   A public HTC++ reconstruction (czczup/ViT-Adapter, detection/configs/htc++) made the same three choices.
 # * The extra layer is mmplugin.GlobalAttentionNeck (pre-norm MHSA + MLP x4, stage-4 heads, no position encoding,
 #   final LayerNorm, replaces the last pyramid level before the FPN); its docstring says why.
