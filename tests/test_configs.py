@@ -60,10 +60,10 @@ SCHEDULE = [
     ('swin_*_cascade_maskrcnn_3x.py', 'train_cfg.max_epochs', 36, SOD),
     ('swin_t_atss_3x.py', 'train_cfg.max_epochs', 36, P_SW),
     ('swin_t_sparse_rcnn_3x.py', 'optim_wrapper.optimizer.lr', 1e-4, P_SW),
-    ('swin_l_htcpp_6x.py', 'train_cfg.max_epochs', 72, P_SW),
-    ('swin_l_htcpp_6x.py', 'param_scheduler.1.milestones', [63, 69], P_SW),
-    ('swin_l_htcpp_6x.py', 'model.test_cfg.rcnn.nms.type', 'soft_nms', P_SW),
-    ('swin_l_htcpp_6x.py', 'model.backbone.drop_path_rate', 0.2, P_SW),
+    ('swin_*_htcpp*_6x.py', 'train_cfg.max_epochs', 72, P_SW),
+    ('swin_*_htcpp*_6x.py', 'param_scheduler.1.milestones', [63, 69], P_SW),
+    ('swin_*_htcpp*_6x.py', 'model.test_cfg.rcnn.nms.type', 'soft_nms', P_SW),
+    ('swin_*_htcpp*_6x.py', 'model.backbone.drop_path_rate', 0.2, P_SW),
     ('swin_*_upernet_ade20k.py', 'optim_wrapper.optimizer.lr', 6e-5, SSS),
     ('swin_*_upernet_ade20k.py', 'optim_wrapper.optimizer.weight_decay', 0.01, SSS),
     ('swin_*_upernet_ade20k.py', 'param_scheduler.0.end', 1500, SSS),
@@ -72,6 +72,8 @@ SCHEDULE = [
     ('swin_*_upernet_ade20k.py', 'train_dataloader.batch_size', 2, SSS + ' (16 = 8 x 2)'),
     ('swin_*_upernet_ade20k.py', 'model.backbone.drop_path_rate', 0.3, SSS),
     ('swin_*_upernet_ade20k.py', 'model.auxiliary_head.loss_decode.loss_weight', 0.4, SSS),
+    ('swin_*_htcpp_6x.py', 'model.roi_head.semantic_head.num_classes', 183, 'HTC / mmdet htc_r50_fpn_1x_coco.py'),
+    ('swin_*_htcpp*_6x.py', 'model.roi_head.bbox_head.2.num_shared_convs', 4, 'Swin paper Table 2(c) counts'),
     ('swinv2_*_cascade_maskrcnn_3x.py', 'model.backbone.window_size', 16, P_V2),
     ('swinv2_*_cascade_maskrcnn_3x.py', 'optim_wrapper.optimizer.lr', 1e-4, P_V2),
     ('swinv2_*_cascade_maskrcnn_3x.py', 'train_cfg.max_epochs', 36, P_V2),
@@ -118,7 +120,8 @@ def test_required_files_exist():
             assert f'swin_{v}_{kind}.py' in ALL
         for kind in ('cascade_maskrcnn_3x', 'upernet_ade20k'):
             assert f'swinv2_{v}_{kind}.py' in ALL
-    for name in ('swin_t_atss_3x.py', 'swin_t_sparse_rcnn_3x.py', 'swin_l_htcpp_6x.py'):
+    for name in ('swin_t_atss_3x.py', 'swin_t_sparse_rcnn_3x.py', 'swin_l_htcpp_6x.py', 'swin_b_htcpp_6x.py',
+                 'swin_l_htcpp_nosemantic_6x.py'):
         assert name in ALL
     for f in ALL:  # every file names its source in a leading comment
         assert (CONFIGS / f).read_text().startswith('#'), f
@@ -151,6 +154,9 @@ def _det_batch(model, size=96):
         masks[1, 5:40, 30:90] = 1
         gt.masks = BitmapMasks(masks.numpy(), size, size)
         s.gt_instances = gt
+        if getattr(getattr(model, 'roi_head', None), 'with_semantic', False):  # HTC's COCO-stuff branch
+            from mmengine.structures import PixelData
+            s.gt_sem_seg = PixelData(sem_seg=torch.randint(0, 183, (1, size, size)))
         samples.append(s)
     return dict(inputs=[torch.randint(0, 255, (3, size, size), dtype=torch.uint8) for _ in range(2)],
                 data_samples=samples)

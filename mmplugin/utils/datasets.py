@@ -12,6 +12,12 @@ _HINTS = {
     'ADE20KDataset': ('ADE20K (ADEChallengeData2016)', 'data/ade/ADEChallengeData2016/{images,annotations}/'
                       '{training,validation}/', 'http://data.csail.mit.edu/places/ADEchallenge/'
                       'ADEChallengeData2016.zip (unzip into data/ade/)'),
+    # the semantic branch of HTC / HTC++ (data_prefix seg= of a COCO dataset) reads COCO-stuff label maps
+    'COCO-stuff': ('COCO-stuff (the stuffthingmaps read by the semantic branch of HTC / HTC++)',
+                   'data/coco/stuffthingmaps/{train2017,val2017}/ (one PNG label map per image)',
+                   'http://calvin.inf.ed.ac.uk/wp-content/uploads/data/cocostuffdataset/'
+                   'stuffthingmaps_trainval2017.zip (unzip into data/coco/stuffthingmaps/); without it, train a '
+                   'config without the semantic branch (configs/swin_l_htcpp_nosemantic_6x.py)'),
 }
 
 
@@ -59,7 +65,8 @@ def check_datasets(cfg, splits=('train', 'val', 'test')) -> None:
             for what, path, exists in paths:
                 if not exists(path):
                     problems.append(f'  [{split}] {kind}: {what} not found: {path}')
-                    kinds.add(kind.split('.')[-1])
+                    stuff = what == 'seg folder' and 'Coco' in kind
+                    kinds.add('COCO-stuff' if stuff else kind.split('.')[-1])
     if problems:
         lines = ['dataset files are missing:'] + problems
         for kind in sorted(kinds):
