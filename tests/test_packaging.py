@@ -162,8 +162,8 @@ def test_wheel_in_a_clean_venv(built, tmp_path):
     _check_report(report)
     site = Path(_run([py, '-c', 'import sysconfig; print(sysconfig.get_paths()["purelib"])'],
                      cwd=tmp_path).stdout.strip())
-    assert Path(report['mmplugin']) == site / 'mmplugin'  # the wheel's copy, not the repository's
-    assert Path(report['base']) == site / 'mmplugin' / '.mim' / 'configs' / 'swin_t_maskrcnn_1x.py'
+    assert Path(report['mmplugin']) == (site / 'mmplugin').resolve()  # the wheel's copy, not the repository's
+    assert Path(report['base']) == (site / 'mmplugin' / '.mim' / 'configs' / 'swin_t_maskrcnn_1x.py').resolve()
     assert not report['base_is_link']
 
 
