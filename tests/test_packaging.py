@@ -108,8 +108,9 @@ def _clean_venv(path: Path) -> Path:
 
 
 def _pip_install(py: Path, *args):
-    _run([PY, '-m', 'pip', '--python', py, 'install', '--no-deps', '--no-index', '--no-build-isolation', '-q', *args],
-         cwd=py.parent, timeout=600)
+    # --ignore-installed: the mmplugin this environment has (seen through the .pth) is neither replaced nor removed
+    _run([PY, '-m', 'pip', '--python', py, 'install', '--no-deps', '--no-index', '--no-build-isolation',
+          '--ignore-installed', '-q', *args], cwd=py.parent, timeout=600)
 
 
 def _smoke(py: Path, tmp: Path) -> dict:
