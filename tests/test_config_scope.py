@@ -98,9 +98,11 @@ def test_bad_plugin_config_names_are_reported(tmp_path, name, error, words):
 
 
 def _run(args, cwd, env=None, timeout=600):
-    out = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                         env={**os.environ, **(env or {})})
-    return out
+    """Run outside the repository; PYTHONPATH makes ``import mmplugin`` mean this checkout even where the
+    environment's editable install points at another one."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get('PYTHONPATH')]))
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, 'PYTHONPATH': path, **(env or {})})
 
 
 def test_without_importing_mmplugin_first(tmp_path, user_config):
