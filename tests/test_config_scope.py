@@ -137,6 +137,7 @@ def test_without_importing_mmplugin_first(tmp_path, user_config):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == NUM_CLASSES
 
 
+@pytest.mark.slow
 def test_user_config_trains_a_step_through_tools_train(tmp_path, user_config):
     from mmplugin.demo import make_instance_dataset
     data = tmp_path / 'shapes_coco'
