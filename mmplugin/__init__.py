@@ -18,4 +18,5 @@ install_config_scope()
 
 from . import models, optim  # noqa: E402,F401  (registers the backbones and the optimizer constructor)
 
-__all__ = ['__version__', 'config_file', 'config_root', 'MODELS', 'OPTIM_WRAPPER_CONSTRUCTORS', 'models', 'optim']
+__all__ = ['__version__', 'config_file', 'config_root', 'install_config_scope', 'MODELS', 'OPTIM_WRAPPER_CONSTRUCTORS',
+           'models', 'optim']

@@ -85,6 +85,14 @@ def test_the_user_config_builds_a_detector_with_its_classes(user_config):
     assert model.roi_head.mask_head.conv_logits.out_channels == NUM_CLASSES
 
 
+def test_installing_the_prefix_twice_changes_nothing():
+    before = Config.__dict__['_get_cfg_path']
+    mmplugin.install_config_scope()
+    assert Config.__dict__['_get_cfg_path'] is before
+    assert Config._get_cfg_path('mmplugin::swin_t_maskrcnn_1x.py', '/any/cfg.py') == \
+        (str((ROOT / 'configs' / 'swin_t_maskrcnn_1x.py').resolve()), None)  # no registry scope
+
+
 @pytest.mark.parametrize('name, error, words', [
     ('mmplugin::no_such_config.py', FileNotFoundError, ['no_such_config.py', 'swin_t_maskrcnn_1x.py', '_base_']),
     ('mmplugin::../pyproject.toml', ValueError, ['outside the plugin configs']),
