@@ -19,7 +19,8 @@ SMALL = dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8])
 def _mmdet_pair(**kwargs):
     """mmdet's SwinTransformer and the plugin's, built from the same mmdet keywords, with the same weights."""
     from mmdet.models.backbones import SwinTransformer as MMDetSwin
-    theirs = MMDetSwin(**kwargs).eval()
+    theirs = MMDetSwin(**kwargs)
+    theirs.eval()  # mmdet's SwinTransformer.train() returns None
     ours = randomize_(SwinTransformer(**kwargs), seed=2).eval()
     theirs.load_state_dict(plugin_to_mmdet_swin(ours.state_dict()), strict=False)
     return ours, theirs

@@ -99,7 +99,7 @@ def test_norm_eval_with_cp_roundtrip(toy, monkeypatch, tmp_path):
 
 
 def test_layer_decay_optimizer(toy):
-        from mmengine.optim import build_optim_wrapper
+    from mmengine.optim import build_optim_wrapper
 
     class Detector(nn.Module):
         def __init__(self):

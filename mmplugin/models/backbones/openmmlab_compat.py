@@ -50,6 +50,14 @@ def translate_swin_kwargs(cls, arch, kwargs: dict) -> tuple[object, dict]:
     kw = dict(kwargs)
     problems: list[str] = []
 
+    # ---- mmpretrain V2 arch dicts carry extra_norm_every_n_blocks (0 for every released arch)
+    if isinstance(arch, dict) and 'extra_norm_every_n_blocks' in arch:
+        arch = dict(arch)
+        every = arch.pop('extra_norm_every_n_blocks')
+        if not v2 or every != 0:
+            problems.append(f'arch extra_norm_every_n_blocks={every!r} [mmpretrain V2 meaning: a LayerNorm every n '
+                            'blocks, used by the huge / giant archs]: only 0 (no extra norms) on Swin V2')
+
     # ---- embed_dims / depths / num_heads (mmdet, mmseg) define the arch
     arch_keys = [k for k in ('embed_dims', 'depths', 'num_heads') if k in kw]
     if arch_keys:
@@ -89,11 +97,11 @@ def translate_swin_kwargs(cls, arch, kwargs: dict) -> tuple[object, dict]:
     for key in ('pretrain_img_size', 'img_size'):  # only sizes the absolute position embedding
         if key in kw:
             size = kw.pop(key)
-            ok = isinstance(size, int) or (isinstance(size, (list, tuple)) and len(size) == 2
+            ok = isinstance(size, int) or (isinstance(size, (list, tuple)) and len(size) in (1, 2)
                                            and all(isinstance(s, int) for s in size))
             if not ok or isinstance(size, bool):
-                problems.append(f'{key}={size!r}: an int or (H, W) (it only sizes an absolute position embedding, '
-                                'which Swin detection / segmentation does not use)')
+                problems.append(f'{key}={size!r}: an int, (S, ) or (H, W) (it only sizes an absolute position '
+                                'embedding, which Swin detection / segmentation does not use)')
     if 'interpolate_mode' in kw:  # mmpretrain: resizing of the absolute position embedding
         mode = kw.pop('interpolate_mode')
         if mode not in ('bicubic', 'bilinear', 'nearest'):
@@ -121,11 +129,11 @@ def translate_swin_kwargs(cls, arch, kwargs: dict) -> tuple[object, dict]:
         else:
             kw['pretrained_window_size'] = list(pws) if isinstance(pws, tuple) else pws
     if 'norm_cfg' in kw or 'act_cfg' in kw:
-        from .swin import check_swin_norm_act
-        try:
-            check_swin_norm_act(owner, kw.get('norm_cfg'), kw.get('act_cfg'))
-        except ValueError as err:
-            problems.append(str(err).split(': ', 1)[1])
+        from .swin import swin_norm_act_problems
+        problems += swin_norm_act_problems(kw.get('norm_cfg'), kw.get('act_cfg'))[1]
+    if v2 and kw.get('qk_scale') is not None:
+        problems.append(f'qk_scale={kw.pop("qk_scale")!r} [mmdet/mmseg meaning: attention scale]: Swin V2 uses '
+                        'cosine attention with a learned per-head scale; remove it')
 
     # ---- unknown keys
     valid = set(inspect.signature(cls.__init__).parameters) | set(

@@ -78,11 +78,11 @@ class PatchMerging(nn.Module):
     """2x2 neighbourhood concat in the official channel order ``[(0,0), (1,0), (0,1), (1,1)]`` (row, col), then
     ``norm(4C) -> reduction`` (V1) or ``reduction -> norm(2C)`` (V2). Odd maps are padded bottom/right."""
 
-    def __init__(self, dim: int, post_norm: bool):
+    def __init__(self, dim: int, post_norm: bool, norm: bool = True):
         super().__init__()
         self.post_norm = post_norm
         self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False)
-        self.norm = nn.LayerNorm(2 * dim if post_norm else 4 * dim)
+        self.norm = nn.LayerNorm(2 * dim if post_norm else 4 * dim) if norm else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, h, w, c = x.shape
@@ -104,14 +104,14 @@ class SwinStage(nn.Module):
 
     def __init__(self, dim: int, depth: int, num_heads: int, window_size: int, mlp_ratio: float, qkv_bias: bool,
                  dprs: Sequence[float], downsample: bool, v2: bool, pretrained_window_size: int,
-                 pad_small_map: bool = True, **block_kwargs):
+                 pad_small_map: bool = True, merge_norm: bool = True, **block_kwargs):
         super().__init__()
         self.window_size, self.pad_small_map = window_size, pad_small_map
         self.blocks = nn.ModuleList([
             SwinBlock(dim, num_heads, window_size, j % 2 == 1, mlp_ratio, qkv_bias, dprs[j], v2,
                       pretrained_window_size, **block_kwargs) for j in range(depth)
         ])
-        self.downsample = PatchMerging(dim, post_norm=v2) if downsample else None
+        self.downsample = PatchMerging(dim, post_norm=v2, norm=merge_norm) if downsample else None
 
     def forward(self, x: torch.Tensor, run_block=None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x: ``(B, H, W, C)``. Returns the stage output and the merged map for the next stage (or None).
@@ -131,8 +131,8 @@ class SwinStage(nn.Module):
         return x, (self.downsample(x) if self.downsample is not None else None)
 
 
-def check_swin_norm_act(owner: str, norm_cfg: dict | None, act_cfg: dict | None) -> bool:
-    """Validate the OpenMMLab ``norm_cfg`` / ``act_cfg`` of a Swin backbone; returns the norms' ``requires_grad``.
+def swin_norm_act_problems(norm_cfg: dict | None, act_cfg: dict | None) -> tuple[bool, list[str]]:
+    """Check the OpenMMLab ``norm_cfg`` / ``act_cfg`` of a Swin backbone: ``(requires_grad of the norms, problems)``.
 
     Only what Swin is defined with can be honoured: LayerNorm (eps 1e-5) and GELU.
     """
@@ -140,15 +140,13 @@ def check_swin_norm_act(owner: str, norm_cfg: dict | None, act_cfg: dict | None)
     norm = dict(norm_cfg or {})
     requires_grad = norm.pop('requires_grad', True)
     if norm.pop('type', 'LN') not in ('LN', 'LayerNorm') or norm.pop('eps', 1e-5) != 1e-5 or norm:
-        problems.append(f'norm_cfg={norm_cfg!r} (only LayerNorm: dict(type=\'LN\'[, requires_grad=...]))')
+        problems.append(f'norm_cfg={norm_cfg!r}: only LayerNorm, dict(type=\'LN\'[, requires_grad=...])')
+    if not isinstance(requires_grad, bool):
+        problems.append(f'norm_cfg requires_grad={requires_grad!r}: a bool')
     act = dict(act_cfg or {})
     if act.pop('type', 'GELU') != 'GELU' or act.pop('approximate', 'none') != 'none' or act:
-        problems.append(f'act_cfg={act_cfg!r} (only dict(type=\'GELU\'))')
-    if not isinstance(requires_grad, bool):
-        problems.append(f'norm_cfg requires_grad={requires_grad!r} (a bool)')
-    if problems:
-        raise ValueError(f'{owner}: cannot honour ' + '; '.join(problems))
-    return requires_grad
+        problems.append(f'act_cfg={act_cfg!r}: only dict(type=\'GELU\')')
+    return requires_grad is not False, problems
 
 
 class _SwinBase(BaseBackbone):
@@ -201,7 +199,9 @@ class _SwinBase(BaseBackbone):
                              + f', got {qk_scale!r}')
         if pad_small_map not in (None, True, False):
             raise ValueError(f'{owner}: pad_small_map must be None, True or False, got {pad_small_map!r}')
-        norm_requires_grad = check_swin_norm_act(owner, norm_cfg, act_cfg)
+        norm_requires_grad, problems = swin_norm_act_problems(norm_cfg, act_cfg)
+        if problems:
+            raise ValueError(f'{owner}: cannot honour ' + '; '.join(problems))
         self.pad_small_map = pad_small_map is not False  # None (default) and True: pad maps smaller than the window
         self.arch_name = arch if isinstance(arch, str) else 'custom'
         self.embed_dims, self.depths, self.num_heads = dim, depths, heads
@@ -221,7 +221,8 @@ class _SwinBase(BaseBackbone):
             self.layers.append(
                 SwinStage(dim * 2**i, depths[i], heads[i], windows[i], mlp_ratio, qkv_bias,
                           dprs[start:start + depths[i]], i < self.num_stages - 1, self.v2, raw_pre_windows[i],
-                          self.pad_small_map, qk_scale=qk_scale, drop=drop_rate, attn_drop=attn_drop_rate))
+                          self.pad_small_map, patch_norm, qk_scale=qk_scale, drop=drop_rate,
+                          attn_drop=attn_drop_rate))
         self._add_out_norms(nn.LayerNorm)
         self._finish_init()
         if not norm_requires_grad:  # norm_cfg=dict(type='LN', requires_grad=False): every LayerNorm stays fixed
@@ -311,7 +312,8 @@ class SwinTransformer(_SwinBase):
         mlp_ratio (float): MLP expansion. Defaults to 4.
         qkv_bias (bool): bias in qkv. Defaults to True.
         qk_scale (float | None): attention scale; None means ``head_dim ** -0.5``. Defaults to None.
-        patch_norm (bool): LayerNorm after patch embedding. Defaults to True.
+        patch_norm (bool): LayerNorm after the patch embedding and in every patch merging (mmdet / mmseg meaning;
+            the official code's ``patch_norm=False`` keeps the merging norms). Defaults to True.
         drop_rate (float): dropout after the patch embedding, the attention projection and in the MLP (official
             and mmdet placement). Defaults to 0.
         attn_drop_rate (float): dropout on the attention probabilities. Defaults to 0.
