@@ -188,6 +188,7 @@ def main(argv=None):
     import mmplugin  # noqa: F401  (registers the families)
     from mmplugin.models.backbones.base import FAMILIES
     p.add_argument('--family', choices=[*FAMILIES, 'all'], default='all')
+    p.add_argument('--arch', nargs='+', default=None, help='only these archs of the family (default: all)')
     p.add_argument('--sizes', nargs='+', default=['224x224', '800x1333'])
     p.add_argument('--config', nargs='+', help='whole-model mode: count the full model of these configs instead')
     p.add_argument('--shape', nargs=2, type=int, default=[1280, 800], metavar=('WIDTH', 'HEIGHT'),
@@ -205,7 +206,7 @@ def main(argv=None):
     print(header)
     rows = []
     for fam in families:
-        for arch in FAMILIES[fam].arch_names():
+        for arch in args.arch or FAMILIES[fam].arch_names():
             macs = []
             for size in sizes:
                 params, m = complexity(fam, arch, size)
