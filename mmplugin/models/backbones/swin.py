@@ -23,7 +23,7 @@ from torch import nn
 from ...converters.swin import convert_swin
 from ...registry import MODELS
 from ..layers import DropPath, linear_drop_path_rates
-from ..layers.window_attention import WindowAttention, WindowAttentionV2, WindowGeometry
+from ..layers.window_attention import WindowAttention, WindowAttentionV2, WindowGeometry, must_pad, padded_size
 from .base import BaseBackbone
 
 
@@ -81,9 +81,10 @@ class PatchMerging(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, h, w, c = x.shape
-        if h % 2 or w % 2:
-            x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
-            h, w = h + h % 2, w + w % 2
+        if must_pad(h, w, 2):
+            hp, wp = padded_size(h, 2), padded_size(w, 2)
+            x = F.pad(x, (0, 0, 0, wp - w, 0, hp - h))
+            h, w = hp, wp
         # (B, H/2, row, W/2, col, C) -> (B, H/2, W/2, col, row, C): channel block index = 2*col + row
         x = x.view(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).reshape(b, h // 2, w // 2, 4 * c)
         if self.post_norm:
@@ -229,8 +230,8 @@ class _SwinBase(BaseBackbone):
         self.check_input(x, self.in_channels)
         p = self.patch_size
         h, w = x.shape[-2:]
-        if h % p or w % p:
-            x = F.pad(x, (0, (-w) % p, 0, (-h) % p))
+        if must_pad(h, w, p):
+            x = F.pad(x, (0, padded_size(w, p) - w, 0, padded_size(h, p) - h))
         x = self.patch_embed.proj(x.contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1)
         x = self.patch_embed.norm(x)  # (B, H/p, W/p, C)
         outs = []
