@@ -160,10 +160,15 @@ def onnx_parity(module: nn.Module, path: str, shapes: Sequence[tuple[int, int, i
 def compile_module(module: nn.Module, backend: str = 'inductor', **kwargs) -> nn.Module:
     """Compile ``module``'s forward in place with ``fullgraph=True, dynamic=True`` (state-dict keys unchanged).
 
-    The plugin's backbones capture as one graph for every input size (at most one recompile: dynamo specialises
-    a batch of 1). mmcv ops (RoIAlign, NMS) in heads break graphs, so compile backbones and necks, not whole
+    The plugin's backbones capture as one graph for every input size (at most one recompile, where a batch of 1
+    meets a single window). mmcv ops (RoIAlign, NMS) in heads break graphs, so compile backbones and necks, not whole
     detectors.
     """
+    # Size-oblivious reasoning for backed sizes: without it dynamo guards every derived size (window counts, the
+    # last stage's width) on being 1, and each new input size that makes one of them 1 or not-1 recompiles.
+    # Process-wide: it only removes 0/1 specialisation, the graphs stay valid for every size (tests check).
+    import torch.fx.experimental._config as fx_config
+    fx_config.backed_size_oblivious = True
     kwargs.setdefault('fullgraph', True)
     kwargs.setdefault('dynamic', True)
     module.compile(backend=backend, **kwargs)

@@ -49,30 +49,40 @@ def padded_size(n, ws: int):
 def window_index(h, w, ws: int, shift: int, device: torch.device):
     """Gather indices and shift-region labels for an ``h x w`` map padded to ``Hp x Wp`` (``nW`` windows).
 
-    Built only from ``arange``, views, constant rolls and slices (no arithmetic between tensors and sizes), so
-    ``h`` and ``w`` may be symbolic: under torch.compile / export the indices are computed inside the graph from
-    the input's shape, and every op has a plain ONNX form. Eager calls go through the cached :func:`_window_index`.
+    Built from rotated ``arange`` vectors, integer arithmetic and gathers only: no reshape of a permuted tensor,
+    no slicing that may clamp and no remainder by a size. So ``h`` and ``w`` may be symbolic: under
+    torch.compile / export the indices are computed inside the graph from the input's shape without any guard
+    on the size, and every op has a plain ONNX form. Eager calls go through the cached :func:`_window_index`.
 
     Returns:
         fwd: ``(Hp*Wp,)`` long; position ``p`` of the windowed sequence reads flat padded position ``fwd[p]``.
         inv: ``(h*w,)`` long; flat unpadded position ``q`` reads windowed position ``inv[q]``.
         label: ``(nW, ws*ws)`` uint8 shift-region label of every windowed position; None if no shift.
     """
+    def arange(*args):
+        return torch.arange(*args, device=device)
+
     hp, wp = padded_size(h, ws), padded_size(w, ws)
-    nh, nw = hp // ws, wp // ws
-    flat = torch.arange(hp * wp, device=device)
-    # the rolled map at (r, c) holds padded ((r + shift) % Hp, (c + shift) % Wp); windows are cut from it
-    fwd = flat.view(hp, wp).roll((-shift, -shift), (0, 1)).view(nh, ws, nw, ws).transpose(1, 2).reshape(-1)
-    # windowed position of every rolled position, rolled back to padded positions, cropped to the map
-    inv = flat.view(nh, nw, ws, ws).transpose(1, 2).reshape(hp, wp).roll((shift, shift), (0, 1))[:h, :w]
+    nw = wp // ws
+    offs = arange(ws)
+    win_r = (arange(hp // ws) * ws)[:, None] + offs  # (nh, ws): rolled row of window row a, offset u
+    win_c = (arange(nw) * ws)[:, None] + offs  # (nw, ws)
+    # the rolled map's row r holds padded row (r + shift) % Hp: a rotated arange
+    rows = torch.cat((arange(shift, hp), arange(shift)))[win_r]
+    cols = torch.cat((arange(shift, wp), arange(shift)))[win_c]
+    fwd = (rows[:, None, :, None] * wp + cols[None, :, None, :]).flatten()  # (nh, nw, ws, ws) window-major
+    # padded row i sits at rolled row (i - shift) % Hp = window row r // ws, offset r % ws (i < h only)
+    r = torch.cat((arange(hp - shift, hp), arange(hp - shift)))[arange(h)]
+    c = torch.cat((arange(wp - shift, wp), arange(wp - shift)))[arange(w)]
+    inv = ((r // ws) * (nw * ws * ws) + (r % ws) * ws)[:, None] + ((c // ws) * (ws * ws) + c % ws)[None, :]
     label = None
     if shift > 0:
-        def region(n):  # 0 | 1 | 2 along a rolled axis: the official slices (0, -ws), (-ws, -shift), (-shift, n)
-            return torch.cat((torch.zeros(n - ws, dtype=torch.uint8, device=device),
-                              torch.ones(ws - shift, dtype=torch.uint8, device=device),
-                              torch.full((shift, ), 2, dtype=torch.uint8, device=device)))
-        label = (region(hp).view(nh, 1, ws, 1) * 3 + region(wp).view(1, nw, 1, ws)).reshape(nh * nw, ws * ws)
-    return fwd, inv.reshape(-1), label
+        def region(n, win):  # 0 | 1 | 2 along a rolled axis: the official slices (0, -ws), (-ws, -shift), (-shift, n)
+            u8 = dict(dtype=torch.uint8, device=device)
+            return torch.cat((torch.zeros(n - ws, **u8), torch.ones(ws - shift, **u8), torch.full((shift, ), 2, **u8)))[win]
+        label = (region(hp, win_r)[:, None, :, None] * 3 + region(wp, win_c)[None, :, None, :]).flatten(2)
+        label = label.flatten(0, 1)
+    return fwd, inv.flatten(), label
 
 
 _window_index = lru_cache(maxsize=64)(window_index)  # eager only: keys must be hashable ints
@@ -154,7 +164,9 @@ def _attend(q, k, v, bias: torch.Tensor, b: int, scale: float | None, per_window
     shared by the ``b`` images of the batch. The branch is on ``per_window`` only (never on a size), so a traced
     graph serves every batch and window count; for ``b == 1`` the expand-reshape is a view."""
     bw, heads, n, d = q.shape
-    if per_window:
+    if per_window and is_tracing():
+        bias = bias.repeat(b, 1, 1, 1)  # a copy for every batch size: no view-or-copy decision, no guard on b
+    elif per_window:
         bias = bias.unsqueeze(0).expand(b, -1, -1, -1, -1).reshape(bw, heads, n, n)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale).transpose(1, 2)
     if torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting():
