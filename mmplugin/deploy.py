@@ -38,6 +38,41 @@ def _flatten(out) -> tuple[torch.Tensor, ...]:
     return tuple(flat)
 
 
+class _IntScaleUpsample(nn.Module):
+    """mmseg's ``Upsample(scale_factor=k)`` for an integer ``k``, with the output size computed as ``k * size``.
+
+    mmseg computes ``int(size * float(k))``: a float of a symbolic size, which torch.export specialises to the
+    example's value (so the exported model silently resizes to the example's size). Same output in eager.
+    """
+
+    def __init__(self, factors: tuple[int, int], mode: str, align_corners):
+        super().__init__()
+        self.factors, self.mode, self.align_corners = factors, mode, align_corners
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size = (x.shape[-2] * self.factors[0], x.shape[-1] * self.factors[1])
+        return F.interpolate(x, size=size, mode=self.mode, align_corners=self.align_corners)
+
+
+def make_exportable(module: nn.Module) -> nn.Module:
+    """Replace, in place, submodules whose forward bakes the example size into a captured graph; returns module.
+
+    Today: mmseg ``Upsample`` with an integer ``scale_factor`` (Semantic FPN's scale heads). Non-integer factors
+    raise, naming the module.
+    """
+    for name, child in list(module.named_children()):
+        if type(child).__name__ == 'Upsample' and type(child).__module__.startswith('mmseg') and not child.size:
+            f = child.scale_factor
+            factors = tuple(f) if isinstance(f, (tuple, list)) else (f, f)
+            if any(float(v) != int(v) for v in factors):
+                raise ValueError(f'{name}: mmseg Upsample with scale_factor={f} cannot be exported with dynamic sizes '
+                                 '(the output size would be baked in); use an integer factor')
+            setattr(module, name, _IntScaleUpsample(tuple(int(v) for v in factors), child.mode, child.align_corners))
+        else:
+            make_exportable(child)
+    return module
+
+
 class ExportPart(nn.Module):
     """``image (B, C, H, W) -> tuple of tensors`` for one part of a detector or segmentor (see module doc).
 
@@ -51,6 +86,7 @@ class ExportPart(nn.Module):
         if part not in PARTS:
             raise ValueError(f'part must be one of {PARTS}, got {part!r}')
         self.part = part
+        make_exportable(model)
         self.backbone = getattr(model, 'backbone', model)
         self.neck = getattr(model, 'neck', None) if getattr(model, 'with_neck', False) else None
         self.head = None
