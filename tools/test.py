@@ -1,7 +1,7 @@
 """Evaluate a checkpoint (COCO bbox/segm AP, ADE20K mIoU, ...) with an mmdet or mmseg config.
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--tta] [--show-dir DIR] [--cfg-options ...]
-        [--launcher none|pytorch|slurm]
+        [--launcher none|pytorch|slurm] [--compile]
 
 Checkpoints written by tools/train.py load on torch >= 2.6 with weights-only semantics (see mmplugin.checkpoint).
 ``--tta`` uses the config's ``tta_model`` / ``tta_pipeline`` (multi-scale + flip).
@@ -24,6 +24,8 @@ def parse_args(argv=None):
     p.add_argument('--work-dir')
     p.add_argument('--tta', action='store_true', help="test-time augmentation from the config's tta_* entries")
     p.add_argument('--show-dir', help='save visualised predictions here (inside the work dir)')
+    p.add_argument('--compile', action='store_true',
+                   help='torch.compile the backbone and neck (fullgraph, dynamic shapes); pays off on GPUs')
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=0)
@@ -83,6 +85,10 @@ def main(argv=None) -> int:
             else:
                 vis['test_out_dir'] = args.show_dir
     runner = Runner.from_cfg(cfg)
+    if args.compile:
+        from mmplugin.deploy import compile_backbone_and_neck
+        model = getattr(runner.model, 'module', runner.model)  # unwrap DDP
+        compile_backbone_and_neck(model)  # in place: the checkpoint's keys still match
     metrics = runner.test()
     print({k: _plain(v) for k, v in (metrics or {}).items()})
     return 0
