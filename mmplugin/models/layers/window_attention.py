@@ -57,7 +57,7 @@ def window_index(h, w, ws: int, shift: int, device: torch.device):
     Returns:
         fwd: ``(Hp*Wp,)`` long; position ``p`` of the windowed sequence reads flat padded position ``fwd[p]``.
         inv: ``(h*w,)`` long; flat unpadded position ``q`` reads windowed position ``inv[q]``.
-        label: ``(nW, ws*ws)`` uint8 shift-region label of every windowed position; None if no shift.
+        label: ``(nW, ws*ws)`` int32 shift-region label of every windowed position; None if no shift.
     """
     def arange(*args):
         return torch.arange(*args, device=device)
@@ -78,8 +78,9 @@ def window_index(h, w, ws: int, shift: int, device: torch.device):
     label = None
     if shift > 0:
         def region(n, win):  # 0 | 1 | 2 along a rolled axis: the official slices (0, -ws), (-ws, -shift), (-shift, n)
-            u8 = dict(dtype=torch.uint8, device=device)
-            return torch.cat((torch.zeros(n - ws, **u8), torch.ones(ws - shift, **u8), torch.full((shift, ), 2, **u8)))[win]
+            i32 = dict(dtype=torch.int32, device=device)  # int32: ONNX Add has no uint8 kernel before opset 14
+            return torch.cat((torch.zeros(n - ws, **i32), torch.ones(ws - shift, **i32),
+                              torch.full((shift, ), 2, **i32)))[win]
         label = (region(hp, win_r)[:, None, :, None] * 3 + region(wp, win_c)[None, :, None, :]).flatten(2)
         label = label.flatten(0, 1)
     return fwd, inv.flatten(), label
