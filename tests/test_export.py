@@ -181,8 +181,8 @@ def test_compile_fullgraph_dynamic_one_recompile(family):
         x = torch.randn(*shape)
         with torch.no_grad():
             got, ref = compiled(x), model(x)
-        for a, b in zip(got, ref):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        # eager SwiftFormer runs fused oneDNN kernels, the graph standard convs: equal up to summation order
+        assert deploy.max_rel_error(got, ref) <= TOL, shape
     assert not counters['graph_break'], dict(counters['graph_break'])
     assert 1 <= cnt.frame_count <= 2, f'{cnt.frame_count - 1} recompiles'
     torch._dynamo.reset()

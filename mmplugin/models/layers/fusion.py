@@ -107,8 +107,9 @@ _ONEDNN = _onednn_ops_available()
 
 def can_fuse_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """oneDNN post-op fusion applies: CPU, fp32, no autograd (deployed inference)."""
-    if torch.jit.is_tracing() or torch.jit.is_scripting():  # keep traced / exported graphs to standard ops
-        return False
+    if (torch.jit.is_tracing() or torch.jit.is_scripting() or torch.compiler.is_compiling()
+            or torch.onnx.is_in_onnx_export()):  # keep traced / compiled / exported graphs to standard ops
+        return False  # (the oneDNN ops have no fake-tensor kernel; inductor fuses on its own)
     return (_ONEDNN and x.device.type == 'cpu' and x.dtype == torch.float32 and weight.dtype == torch.float32
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
 
