@@ -92,6 +92,7 @@ def onnx_dir(tmp_path_factory):
     return tmp_path_factory.mktemp('onnx')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('family', ['swin', 'swinv2', 'swiftformer'])
 def test_backbone_onnx_dynamic_parity(family, onnx_dir):
     model = _tiny(family)
@@ -106,6 +107,7 @@ def test_backbone_onnx_dynamic_parity(family, onnx_dir):
     assert max(errs.values()) <= TOL, errs
 
 
+@pytest.mark.slow
 def test_segmentor_onnx_dynamic_parity(onnx_dir):
     """Semantic FPN (mmseg) with a tiny Swin: logits at the input size, equal to eager at every size."""
     from mmengine.config import Config
