@@ -125,6 +125,8 @@ def main(argv=None):
     parser.add_argument('--threads', type=int, default=None, help='torch CPU threads')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--bf16', action='store_true', help='time under bf16 autocast')
+    parser.add_argument('--compile', action='store_true',
+                        help='also time each model under torch.compile(fullgraph=True, dynamic=True) as NAME+compile')
     parser.add_argument('--memory', action='store_true', help='also measure training-step peak memory')
     parser.add_argument('--plot', default=None, help='write a PNG of time against input size here')
     parser.add_argument('--json', default=None, help='write all figures as JSON here')
@@ -135,6 +137,13 @@ def main(argv=None):
     device = torch.device(args.device)
     torch.manual_seed(0)
     models = build(args.family, arch, device)
+    if args.compile:
+        from mmplugin.deploy import compile_module
+        for name in list(models):
+            if name.startswith('mmplugin'):
+                twin = build(args.family, arch, device)[name]
+                twin.load_state_dict(models[name].state_dict())
+                models[f'{name}+compile'] = compile_module(twin.eval())
     baseline = next(iter(models))
     results = {'family': args.family, 'arch': arch, 'device': str(device), 'sizes': {}}
     print(f'{args.family} {arch} on {device} ({torch.get_num_threads()} threads), median of {args.rounds} rounds')

@@ -1,6 +1,7 @@
 """Run a trained detector or segmentor on one image and draw its predictions to a PNG.
 
     python tools/infer.py CONFIG CHECKPOINT IMAGE --out result.png [--score-thr 0.3] [--device cpu] [--allow-partial]
+        [--compile]
 
 CHECKPOINT is a path or an http(s) URL. It must fit the model of CONFIG (see tools/test.py), unless --allow-partial.
 
@@ -48,6 +49,8 @@ def main(argv=None) -> int:
     p.add_argument('--device', default='cpu')
     p.add_argument('--allow-partial', action='store_true',
                    help='run even if the checkpoint does not fit the model (missing keys stay random)')
+    p.add_argument('--compile', action='store_true',
+                   help='torch.compile the backbone and neck (fullgraph, dynamic shapes); pays off on GPUs')
     args = p.parse_args(argv)
     import mmplugin  # noqa: F401
     from mmplugin.checkpoint import CheckpointError, is_url, load_checkpoint_file
@@ -62,6 +65,8 @@ def main(argv=None) -> int:
         return 2
     import mmcv
     from mmengine.config import Config
+
+    from mmplugin.deploy import compile_backbone_and_neck
     cfg = Config.fromfile(args.config)
     cfg.model.get('backbone', {}).pop('init_cfg', None)
     img = mmcv.imread(args.image, channel_order='rgb')
@@ -78,6 +83,8 @@ def main(argv=None) -> int:
         load_checkpoint(model, args.checkpoint, map_location='cpu')
         meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
         model.dataset_meta = meta or DATASETS.build(dict(cfg.test_dataloader.dataset, lazy_init=True)).metainfo
+        if args.compile:
+            compile_backbone_and_neck(model)
         result = inference_model(model, args.image)
         vis = SegLocalVisualizer(name='mmplugin_infer', alpha=0.6)
         vis.dataset_meta = model.dataset_meta
@@ -86,6 +93,8 @@ def main(argv=None) -> int:
         from mmdet.apis import inference_detector, init_detector
         from mmdet.visualization import DetLocalVisualizer
         model = init_detector(cfg, args.checkpoint, device=args.device)
+        if args.compile:
+            compile_backbone_and_neck(model)
         result = inference_detector(model, args.image)
         vis = DetLocalVisualizer(name='mmplugin_infer')
         vis.dataset_meta = model.dataset_meta

@@ -1,7 +1,7 @@
 """Evaluate a checkpoint (COCO bbox/segm AP, ADE20K mIoU, ...) with an mmdet or mmseg config.
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--tta] [--show-dir DIR] [--cfg-options ...]
-        [--allow-partial] [--launcher none|pytorch|slurm]
+        [--allow-partial] [--launcher none|pytorch|slurm] [--compile]
 
 CHECKPOINT is a path or an http(s) URL (downloaded once into the torch hub cache). Checkpoints load with
 weights-only semantics (see mmplugin.checkpoint) and strictly: one that does not fit the model of CONFIG (a
@@ -27,6 +27,8 @@ def parse_args(argv=None):
     p.add_argument('--work-dir')
     p.add_argument('--tta', action='store_true', help="test-time augmentation from the config's tta_* entries")
     p.add_argument('--show-dir', help='save visualised predictions here (inside the work dir)')
+    p.add_argument('--compile', action='store_true',
+                   help='torch.compile the backbone and neck (fullgraph, dynamic shapes); pays off on GPUs')
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
     p.add_argument('--allow-partial', action='store_true',
                    help='evaluate even if the checkpoint does not fit the model (missing keys stay random)')
@@ -95,6 +97,10 @@ def main(argv=None) -> int:
         return 2
     if problem:
         print(f'warning (--allow-partial): {problem}', file=sys.stderr)
+    if args.compile:
+        from mmplugin.deploy import compile_backbone_and_neck
+        model = getattr(runner.model, 'module', runner.model)  # unwrap DDP
+        compile_backbone_and_neck(model)  # in place: the checkpoint's keys still match
     metrics = runner.test()
     print({k: _plain(v) for k, v in (metrics or {}).items()})
     return 0

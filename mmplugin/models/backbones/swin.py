@@ -24,7 +24,7 @@ from torch import nn
 from ...converters.swin import convert_swin, plugin_to_mmdet_swin
 from ...registry import MODELS
 from ..layers import DropPath, linear_drop_path_rates
-from ..layers.window_attention import WindowAttention, WindowAttentionV2, WindowGeometry
+from ..layers.window_attention import WindowAttention, WindowAttentionV2, WindowGeometry, must_pad, padded_size
 from .base import BaseBackbone, check_int_list
 from .openmmlab_compat import DEFAULT_ARCH, translate_swin_kwargs
 
@@ -86,9 +86,10 @@ class PatchMerging(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, h, w, c = x.shape
-        if h % 2 or w % 2:
-            x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
-            h, w = h + h % 2, w + w % 2
+        if must_pad(h, w, 2):
+            hp, wp = padded_size(h, 2), padded_size(w, 2)
+            x = F.pad(x, (0, 0, 0, wp - w, 0, hp - h))
+            h, w = hp, wp
         # (B, H/2, row, W/2, col, C) -> (B, H/2, W/2, col, row, C): channel block index = 2*col + row
         x = x.view(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).reshape(b, h // 2, w // 2, 4 * c)
         if self.post_norm:
@@ -286,8 +287,8 @@ class _SwinBase(BaseBackbone):
         """Pad bottom/right to a multiple of the patch size, embed: ``(B, C, H, W)`` -> ``(B, H/p, W/p, C')``."""
         p = self.patch_size
         h, w = x.shape[-2:]
-        if h % p or w % p:
-            x = F.pad(x, (0, (-w) % p, 0, (-h) % p))
+        if must_pad(h, w, p):
+            x = F.pad(x, (0, padded_size(w, p) - w, 0, padded_size(h, p) - h))
         x = self.patch_embed.proj(x.contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1)
         return self.drop_after_pos(self.patch_embed.norm(x))
 

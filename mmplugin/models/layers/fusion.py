@@ -122,8 +122,9 @@ def onednn_fusion_disabled():
 
 def can_fuse_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """oneDNN post-op fusion applies: CPU, fp32, no autograd (deployed inference), not traced / exported / compiled
-    (those graphs keep standard ops; compilers fuse on their own)."""
-    if torch.jit.is_tracing() or torch.jit.is_scripting() or torch.compiler.is_compiling() or _FUSION_OFF:
+    (those graphs keep standard ops: the oneDNN ops have no fake-tensor kernel; inductor fuses on its own)."""
+    if (torch.jit.is_tracing() or torch.jit.is_scripting() or torch.compiler.is_compiling()
+            or torch.onnx.is_in_onnx_export() or _FUSION_OFF):
         return False
     return (_ONEDNN and x.device.type == 'cpu' and x.dtype == torch.float32 and weight.dtype == torch.float32
             and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))

@@ -27,67 +27,121 @@ MASK_VALUE = -100.0  # the fill value of every Swin implementation; finite, so s
 
 
 # ---------------------------------------------------------------------------------------------------- geometry
-@lru_cache(maxsize=64)
-def _window_index(h: int, w: int, ws: int, shift: int, device: torch.device):
-    """Cached gather indices and shift-region labels for an ``h x w`` map padded to ``Hp x Wp``.
+def is_tracing() -> bool:
+    """True while torch.compile, torch.export or torch.onnx.export capture a graph (sizes may be symbolic)."""
+    return torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
+
+
+def must_pad(h, w, multiple: int) -> bool:
+    """Whether an ``h x w`` map is padded to a multiple of ``multiple`` before use.
+
+    Eager: only when a side is not divisible. While tracing: always (a zero-size pad is free in a graph), so the
+    graph holds no size-dependent branch, exports for every size and compiles once for all sizes.
+    """
+    return is_tracing() or not isinstance(h, int) or not isinstance(w, int) or bool(h % multiple or w % multiple)
+
+
+def padded_size(n, ws: int):
+    """Smallest multiple of ``ws`` that is ``>= n``; plain integer arithmetic, so ``n`` may be a SymInt."""
+    return (n + ws - 1) // ws * ws
+
+
+def window_index(h, w, ws: int, shift: int, device: torch.device):
+    """Gather indices and shift-region labels for an ``h x w`` map padded to ``Hp x Wp`` (``nW`` windows).
+
+    Built from rotated ``arange`` vectors, integer arithmetic and gathers only: no reshape of a permuted tensor,
+    no slicing that may clamp and no remainder by a size. So ``h`` and ``w`` may be symbolic: under
+    torch.compile / export the indices are computed inside the graph from the input's shape without any guard
+    on the size, and every op has a plain ONNX form. Eager calls go through the cached :func:`_window_index`.
 
     Returns:
         fwd: ``(Hp*Wp,)`` long; position ``p`` of the windowed sequence reads flat padded position ``fwd[p]``.
         inv: ``(h*w,)`` long; flat unpadded position ``q`` reads windowed position ``inv[q]``.
-        label: ``(nW, ws*ws)`` uint8 shift-region label of every windowed position; None if no shift. Only these
-            small tensors are cached; the ``(nW, N, N)`` mask is built from them once per stage and forward.
+        label: ``(nW, ws*ws)`` int32 shift-region label of every windowed position; None if no shift.
     """
-    hp, wp = math.ceil(h / ws) * ws, math.ceil(w / ws) * ws
-    rows = (torch.arange(hp, device=device) + shift) % hp  # rolled map (i, j) reads padded (i+s, j+s)
-    cols = (torch.arange(wp, device=device) + shift) % wp
-    src = rows[:, None] * wp + cols[None, :]  # (Hp, Wp) flat source index for each rolled position
-    fwd = src.view(hp // ws, ws, wp // ws, ws).permute(0, 2, 1, 3).reshape(-1)
-    pos = torch.empty_like(fwd)
-    pos[fwd] = torch.arange(fwd.numel(), device=device)  # padded flat position -> windowed position
-    inv = pos.view(hp, wp)[:h, :w].reshape(-1)
+    def arange(*args):
+        return torch.arange(*args, device=device)
+
+    hp, wp = padded_size(h, ws), padded_size(w, ws)
+    nw = wp // ws
+    offs = arange(ws)
+    win_r = (arange(hp // ws) * ws)[:, None] + offs  # (nh, ws): rolled row of window row a, offset u
+    win_c = (arange(nw) * ws)[:, None] + offs  # (nw, ws)
+    # the rolled map's row r holds padded row (r + shift) % Hp: a rotated arange
+    rows = torch.cat((arange(shift, hp), arange(shift)))[win_r]
+    cols = torch.cat((arange(shift, wp), arange(shift)))[win_c]
+    fwd = (rows[:, None, :, None] * wp + cols[None, :, None, :]).flatten()  # (nh, nw, ws, ws) window-major
+    # padded row i sits at rolled row (i - shift) % Hp = window row r // ws, offset r % ws (i < h only)
+    r = torch.cat((arange(hp - shift, hp), arange(hp - shift)))[arange(h)]
+    c = torch.cat((arange(wp - shift, wp), arange(wp - shift)))[arange(w)]
+    inv = ((r // ws) * (nw * ws * ws) + (r % ws) * ws)[:, None] + ((c // ws) * (ws * ws) + c % ws)[None, :]
     label = None
     if shift > 0:
-        def region(n):
-            idx = torch.arange(n, device=device)
-            return (idx >= n - ws).long() + (idx >= n - shift).long()
-        label = region(hp)[:, None] * 3 + region(wp)[None, :]
-        label = label.view(hp // ws, ws, wp // ws, ws).permute(0, 2, 1, 3).reshape(-1, ws * ws).to(torch.uint8)
-    return fwd, inv, label
+        def region(n, win):  # 0 | 1 | 2 along a rolled axis: the official slices (0, -ws), (-ws, -shift), (-shift, n)
+            i32 = dict(dtype=torch.int32, device=device)  # int32: ONNX Add has no uint8 kernel before opset 14
+            return torch.cat((torch.zeros(n - ws, **i32), torch.ones(ws - shift, **i32),
+                              torch.full((shift, ), 2, **i32)))[win]
+        label = (region(hp, win_r)[:, None, :, None] * 3 + region(wp, win_c)[None, :, None, :]).flatten(2)
+        label = label.flatten(0, 1)
+    return fwd, inv.flatten(), label
+
+
+_window_index = lru_cache(maxsize=64)(window_index)  # eager only: keys must be hashable ints
 
 
 class WindowGeometry:
-    """Per-stage description of how an ``(H, W)`` map is windowed; computed once and shared by its blocks."""
+    """Per-stage description of how an ``(H, W)`` map is windowed; computed once and shared by its blocks.
+
+    Eager: the index tensors come from a cache keyed by the size, so only the ``(nW, N, N)`` shift mask is built
+    per stage and forward. While tracing (``h``, ``w`` may be SymInts), the same indices are computed in the graph
+    and the map is always padded, so exported / compiled models run at any size with eager's exact arithmetic.
+    """
 
     def __init__(self, h: int, w: int, ws: int, shift: int, device: torch.device):
         self.h, self.w, self.ws, self.shift = h, w, ws, shift
-        self.hp, self.wp = math.ceil(h / ws) * ws, math.ceil(w / ws) * ws
-        self.fwd, self.inv, label = _window_index(h, w, ws, shift, device)
+        self.hp, self.wp = padded_size(h, ws), padded_size(w, ws)
+        self.num_windows = (self.hp // ws) * (self.wp // ws)
+        self.traced = is_tracing() or not isinstance(h, int) or not isinstance(w, int)
+        index = window_index if self.traced else _window_index
+        self.fwd, self.inv, label = index(h, w, ws, shift, device)
         # (nW, N, N): 0 within a shift region, MASK_VALUE across
         self.mask = None if label is None else (label[:, :, None] != label[:, None, :]).float() * MASK_VALUE
 
     def partition(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, H, W, C)`` -> ``(B * nW, ws*ws, C)``: pad bottom/right, cyclic shift, cut windows."""
         b, h, w, c = x.shape
-        if (self.hp, self.wp) != (h, w):
+        if self.traced or (self.hp, self.wp) != (h, w):
             x = F.pad(x, (0, 0, 0, self.wp - w, 0, self.hp - h))
         x = x.reshape(b, self.hp * self.wp, c).index_select(1, self.fwd)
-        return x.view(-1, self.ws * self.ws, c)
+        return x.view(b * self.num_windows, self.ws * self.ws, c)
 
     def reverse(self, win: torch.Tensor, b: int) -> torch.Tensor:
         """``(B * nW, ws*ws, C)`` -> ``(B, H, W, C)``: merge windows, undo the shift, crop the padding."""
         c = win.shape[-1]
-        return win.reshape(b, -1, c).index_select(1, self.inv).view(b, self.h, self.w, c)
+        return win.reshape(b, self.hp * self.wp, c).index_select(1, self.inv).view(b, self.h, self.w, c)
 
 
-@lru_cache(maxsize=64)
 def relative_position_index(ws: int, device: torch.device, table_ws: int | None = None) -> torch.Tensor:
     """``(ws*ws, ws*ws)`` index into a ``(2T-1)^2`` table (``T = table_ws``, default ``ws``):
     ``(dy + T - 1) * (2T - 1) + (dx + T - 1)``. A window smaller than the table's reads the table's centre, i.e.
-    the same offsets."""
+    the same offsets.
+
+    Cached in eager mode; built in the graph while tracing, so no tensor created under a fake / tracing mode
+    is ever cached (non-strict export runs this code with fake tensors).
+    """
+    if is_tracing():
+        return _relative_position_index(ws, device, table_ws)
+    return _cached_relative_position_index(ws, device, table_ws)
+
+
+def _relative_position_index(ws: int, device: torch.device, table_ws: int | None = None) -> torch.Tensor:
     t = table_ws or ws
     coords = torch.stack(torch.meshgrid(torch.arange(ws), torch.arange(ws), indexing='ij')).flatten(1)
     rel = coords[:, :, None] - coords[:, None, :] + (t - 1)
     return (rel[0] * (2 * t - 1) + rel[1]).to(device)
+
+
+_cached_relative_position_index = lru_cache(maxsize=64)(_relative_position_index)
 
 
 def log_spaced_coords(ws: int, pretrained_ws: int) -> torch.Tensor:
@@ -109,14 +163,25 @@ def _split_heads(qkv: torch.Tensor, heads: int):
     return qkv[0], qkv[1], qkv[2]  # (B*nW, heads, N, d) each
 
 
-def _attend(q, k, v, bias: torch.Tensor, b: int, scale: float | None, dropout: float = 0.0) -> torch.Tensor:
-    """SDPA over windows. ``bias``: ``(nW or 1, heads, N, N)`` shared by the ``b`` images of the batch;
-    ``dropout`` on the attention probabilities (training only)."""
+def _attend(q, k, v, bias: torch.Tensor, b: int, scale: float | None, per_window: bool,
+            dropout: float = 0.0) -> torch.Tensor:
+    """SDPA over windows. ``bias``: ``(nW, heads, N, N)`` if ``per_window`` (shift mask) else ``(1, heads, N, N)``,
+    shared by the ``b`` images of the batch; ``dropout`` on the attention probabilities (training only). The branch
+    is on ``per_window`` only (never on a size), so a traced graph serves every batch and window count; for
+    ``b == 1`` the expand-reshape is a view."""
     bw, heads, n, d = q.shape
-    if b > 1 and bias.shape[0] > 1:
+    if per_window and is_tracing():
+        bias = bias.repeat(b, 1, 1, 1)  # a copy for every batch size: no view-or-copy decision, no guard on b
+    elif per_window:
         bias = bias.unsqueeze(0).expand(b, -1, -1, -1, -1).reshape(bw, heads, n, n)
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale, dropout_p=dropout)
-    return out.transpose(1, 2).reshape(bw, n, heads * d)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale,
+                                         dropout_p=dropout).transpose(1, 2)
+    if torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting():
+        # eager CPU/CUDA SDPA kernels return (B*nW, N, heads, d)-contiguous memory, so the reshape below is traced
+        # as a view; the ONNX exporter then decomposes SDPA into math ops whose output is heads-major, and that view
+        # fails. An explicit copy (an Identity in ONNX) keeps the graph valid for every layout.
+        out = out.clone(memory_format=torch.contiguous_format)
+    return out.reshape(bw, n, heads * d)
 
 
 class WindowAttention(nn.Module):
@@ -156,7 +221,8 @@ class WindowAttention(nn.Module):
         win = geom.partition(x)
         q, k, v = _split_heads(self.qkv(win), self.num_heads)
         bias = self._bias(geom)
-        out = self.proj(_attend(q, k, v, bias, b, self.scale, self.attn_drop if self.training else 0.0))
+        out = self.proj(_attend(q, k, v, bias, b, self.scale, geom.mask is not None,
+                                self.attn_drop if self.training else 0.0))
         return geom.reverse(self.proj_drop(out), b)
 
     def _bias(self, geom: WindowGeometry) -> torch.Tensor:
@@ -217,5 +283,6 @@ class WindowAttentionV2(WindowAttention):
         scale = torch.exp(torch.clamp(self.logit_scale, max=math.log(100.0)))  # (heads, 1, 1), fp32-safe
         q = F.normalize(q, dim=-1) * scale.to(q.dtype)
         k = F.normalize(k, dim=-1)
-        out = self.proj(_attend(q, k, v, self._bias(geom), b, 1.0, self.attn_drop if self.training else 0.0))
+        out = self.proj(_attend(q, k, v, self._bias(geom), b, 1.0, geom.mask is not None,
+                                self.attn_drop if self.training else 0.0))
         return geom.reverse(self.proj_drop(out), b)

@@ -1,0 +1,220 @@
+"""Export to ONNX with dynamic batch / height / width, onnxruntime parity checks and torch.compile helpers.
+
+Exporter: ``torch.onnx.export(..., dynamo=True)`` (the default of torch >= 2.9): the model is captured with
+``torch.export`` (sizes are symbolic, so padding, shifts, masks and window partitions are computed from the
+input's shape inside the graph, see :mod:`mmplugin.models.layers.window_attention`) and translated by onnxscript.
+Opset 18 by default: the lowest opset the dynamo exporter targets natively, and what onnxruntime >= 1.14 and
+OpenVINO >= 2023.0 read. The TorchScript exporter (``dynamo=False``) is not supported: it records Python
+integers computed from sizes as constants.
+
+Parts (``image (B, C, H, W)`` in, a tuple of tensors out):
+
+* ``backbone``: the backbone's NCHW feature maps;
+* ``backbone+neck``: the neck's maps (FPN levels) when the model has a neck;
+* ``model``: segmentors (mmseg ``EncoderDecoder``): ``(B, num_classes, H, W)`` logits, i.e. the decode head's
+  output resized to the input like ``EncoderDecoder.encode_decode``; single-stage detectors: the dense head's raw
+  maps (per level class scores, box deltas, ...). Two-stage detectors need NMS and RoIAlign custom ops: use
+  mmdeploy, or export ``backbone+neck``.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PARTS = ('backbone', 'backbone+neck', 'model')
+DEFAULT_OPSET = 18
+
+
+def _flatten(out) -> tuple[torch.Tensor, ...]:
+    if isinstance(out, torch.Tensor):
+        return (out, )
+    flat = []
+    for o in out:
+        flat.extend(_flatten(o))
+    return tuple(flat)
+
+
+class _IntScaleUpsample(nn.Module):
+    """mmseg's ``Upsample(scale_factor=k)`` for an integer ``k``, with the output size computed as ``k * size``.
+
+    mmseg computes ``int(size * float(k))``: a float of a symbolic size, which torch.export specialises to the
+    example's value (so the exported model silently resizes to the example's size). Same output in eager.
+    """
+
+    def __init__(self, factors: tuple[int, int], mode: str, align_corners):
+        super().__init__()
+        self.factors, self.mode, self.align_corners = factors, mode, align_corners
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        size = (x.shape[-2] * self.factors[0], x.shape[-1] * self.factors[1])
+        return F.interpolate(x, size=size, mode=self.mode, align_corners=self.align_corners)
+
+
+def make_exportable(module: nn.Module) -> nn.Module:
+    """Replace, in place, submodules whose forward bakes the example size into a captured graph; returns module.
+
+    Today: mmseg ``Upsample`` with an integer ``scale_factor`` (Semantic FPN's scale heads). Non-integer factors
+    raise, naming the module.
+    """
+    for name, child in list(module.named_children()):
+        if type(child).__name__ == 'Upsample' and type(child).__module__.startswith('mmseg') and not child.size:
+            f = child.scale_factor
+            factors = tuple(f) if isinstance(f, (tuple, list)) else (f, f)
+            if any(float(v) != int(v) for v in factors):
+                raise ValueError(f'{name}: mmseg Upsample with scale_factor={f} cannot be exported with dynamic sizes '
+                                 '(the output size would be baked in); use an integer factor')
+            setattr(module, name, _IntScaleUpsample(tuple(int(v) for v in factors), child.mode, child.align_corners))
+        else:
+            make_exportable(child)
+    return module
+
+
+class ExportPart(nn.Module):
+    """``image (B, C, H, W) -> tuple of tensors`` for one part of a detector or segmentor (see module doc).
+
+    Args:
+        model (nn.Module): an mmdet detector, an mmseg segmentor, or a bare backbone (then only ``'backbone'``).
+        part (str): ``'backbone' | 'backbone+neck' | 'model'``.
+    """
+
+    def __init__(self, model: nn.Module, part: str = 'backbone'):
+        super().__init__()
+        if part not in PARTS:
+            raise ValueError(f'part must be one of {PARTS}, got {part!r}')
+        self.part = part
+        make_exportable(model)
+        self.backbone = getattr(model, 'backbone', model)
+        self.neck = getattr(model, 'neck', None) if getattr(model, 'with_neck', False) else None
+        self.head = None
+        if part == 'backbone+neck' and self.neck is None:
+            raise ValueError(f"part 'backbone+neck': {type(model).__name__} has no neck; use --part backbone")
+        if part == 'model':
+            if hasattr(model, 'decode_head'):  # mmseg EncoderDecoder
+                self.head = model.decode_head
+                self.kind = 'segmentor'
+            elif hasattr(model, 'bbox_head') and not hasattr(model, 'roi_head'):  # mmdet single-stage
+                self.head = model.bbox_head
+                self.kind = 'dense_detector'
+            else:
+                raise ValueError(
+                    f"part 'model' is not exportable for {type(model).__name__}: its predictions need NMS / RoIAlign "
+                    "custom ops. Use mmdeploy's onnxruntime pipeline (see README, Deploy) or --part backbone+neck")
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        feats = self.backbone(x)
+        if self.part == 'backbone':
+            return tuple(feats)
+        if self.neck is not None:
+            feats = self.neck(feats)
+        if self.part == 'backbone+neck':
+            return tuple(feats)
+        if self.kind == 'segmentor':
+            logits = self.head(feats)
+            return (F.interpolate(logits, size=x.shape[2:], mode='bilinear', align_corners=self.head.align_corners), )
+        return _flatten(self.head(feats))
+
+
+def example_input(batch: int = 2, size: tuple[int, int] = (224, 256), channels: int = 3) -> torch.Tensor:
+    """Example input for export. No dimension may be 1 (torch.export specialises size-1 dims to the constant 1),
+    and ``size`` should not be a multiple of everything (so no divisibility is assumed)."""
+    if batch < 2 or min(size) < 2:
+        raise ValueError(f'example batch and sizes must be >= 2 (a size-1 dim is specialised), got batch={batch}, '
+                         f'size={tuple(size)}')
+    return torch.randn(batch, channels, *size)
+
+
+def export_onnx(module: nn.Module, out: str, example: torch.Tensor | None = None, opset: int = DEFAULT_OPSET,
+                output_prefix: str = 'out') -> list[str]:
+    """Export ``module`` (one image tensor in, a tuple of tensors out) with dynamic batch, height and width.
+
+    Returns the output names. The input is named ``input``; outputs ``{output_prefix}{i}``.
+    Raises RuntimeError naming the exporter's complaint when the graph cannot be captured with dynamic sizes.
+    """
+    import onnx  # noqa: F401  (a clear ImportError before the long capture)
+    import onnxscript  # noqa: F401
+    from torch.export import Dim
+
+    module = module.eval()
+    example = example_input() if example is None else example
+    with torch.no_grad():
+        n_out = len(_flatten(module(example)))
+    names = [f'{output_prefix}{i}' for i in range(n_out)]
+    dyn = {0: Dim.DYNAMIC, 2: Dim.DYNAMIC, 3: Dim.DYNAMIC}
+    try:
+        prog = torch.onnx.export(module, (example, ), dynamo=True, dynamic_shapes=(dyn, ), opset_version=opset,
+                                 input_names=['input'], output_names=names, optimize=True, verbose=False)
+    except Exception as err:  # noqa: BLE001  (re-raised with the part of the message that matters)
+        raise RuntimeError(f'ONNX export with dynamic batch/height/width failed: {str(err)[:4000]}') from err
+    prog.save(out)
+    return names
+
+
+def onnx_session(path: str):
+    """An onnxruntime CPU session (all graph optimisations, deterministic input/output names)."""
+    import onnxruntime as ort
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    return ort.InferenceSession(path, opts, providers=['CPUExecutionProvider'])
+
+
+def max_rel_error(ours: Sequence, ref: Sequence[torch.Tensor]) -> float:
+    """``max over outputs of max|a - b| / max|b|``; NaN anywhere in ``ours`` that ``ref`` lacks gives inf."""
+    if len(ours) != len(ref):
+        raise ValueError(f'{len(ours)} outputs against {len(ref)} reference outputs')
+    worst = 0.0
+    for a, b in zip(ours, ref):
+        a, b = torch.as_tensor(a).double(), b.detach().double()
+        if a.shape != b.shape:
+            raise ValueError(f'output shape {tuple(a.shape)} differs from the reference {tuple(b.shape)}')
+        if not torch.equal(a.isnan(), b.isnan()):
+            return math.inf
+        a, b = torch.nan_to_num(a), torch.nan_to_num(b)
+        worst = max(worst, ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item())
+    return worst
+
+
+def onnx_parity(module: nn.Module, path: str, shapes: Sequence[tuple[int, int, int, int]], seed: int = 0,
+                session=None) -> dict[tuple[int, ...], float]:
+    """Max relative error of onnxruntime against eager ``module`` for random inputs of each ``(B, C, H, W)``."""
+    sess = session or onnx_session(path)
+    g = torch.Generator().manual_seed(seed)
+    errs = {}
+    module = module.eval()
+    for shape in shapes:
+        x = torch.randn(*shape, generator=g)
+        with torch.no_grad():
+            ref = _flatten(module(x))
+        got = sess.run(None, {'input': x.numpy()})
+        errs[tuple(shape)] = max_rel_error([torch.from_numpy(o) for o in got], ref)
+    return errs
+
+
+def compile_module(module: nn.Module, backend: str = 'inductor', **kwargs) -> nn.Module:
+    """Compile ``module``'s forward in place with ``fullgraph=True, dynamic=True`` (state-dict keys unchanged).
+
+    The plugin's backbones capture as one graph for every input size (at most one recompile, where a batch of 1
+    meets a single window). mmcv ops (RoIAlign, NMS) in heads break graphs, so compile backbones and necks, not whole
+    detectors.
+    """
+    # Size-oblivious reasoning for backed sizes: without it dynamo guards every derived size (window counts, the
+    # last stage's width) on being 1, and each new input size that makes one of them 1 or not-1 recompiles.
+    # Process-wide: it only removes 0/1 specialisation, the graphs stay valid for every size (tests check).
+    import torch.fx.experimental._config as fx_config
+    fx_config.backed_size_oblivious = True
+    kwargs.setdefault('fullgraph', True)
+    kwargs.setdefault('dynamic', True)
+    module.compile(backend=backend, **kwargs)
+    return module
+
+
+def compile_backbone_and_neck(model: nn.Module, backend: str = 'inductor') -> nn.Module:
+    """Compile ``model.backbone`` (and ``model.neck`` if any) in place; returns ``model``."""
+    compile_module(model.backbone, backend)
+    neck = getattr(model, 'neck', None)
+    if isinstance(neck, nn.Module):
+        compile_module(neck, backend, fullgraph=False)  # third-party necks may hold graph breaks
+    return model

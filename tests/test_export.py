@@ -1,0 +1,190 @@
+"""Deployment: dynamic-shape ONNX export with onnxruntime parity, and torch.compile without graph breaks.
+
+Tiny custom archs keep every capture short; the window machinery, padding and shift masks are the same code as
+at full size. Parity is checked at sizes unlike the export size: not divisible by 32 or by the window, maps
+smaller than a window, batch 1 and 3. References are PyTorch eager (itself tested against the official
+formulation and mmdet in test_swin.py / test_swiftformer.py).
+"""
+from __future__ import annotations
+
+import math
+import os.path as osp
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip('onnxruntime')
+pytest.importorskip('onnxscript')
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from mmplugin import deploy  # noqa: E402
+from mmplugin.models import SwiftFormer, SwinTransformer, SwinTransformerV2  # noqa: E402
+from mmplugin.models.layers.window_attention import WindowGeometry  # noqa: E402
+
+from conftest import randomize_  # noqa: E402
+
+ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
+SWIN_ARCH = dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8])
+EXAMPLE = (2, 3, 96, 128)  # the capture size; every size below differs from it
+PARITY_SHAPES = [
+    (1, 3, 97, 131),  # not divisible by 4, 32 or the window
+    (3, 3, 61, 75),  # batch 3
+    (1, 3, 20, 28),  # stage-1 map 5x7: smaller than the window at every stage
+    (3, 3, 7, 9),  # a single patch row at the last stages
+    (1, 3, 224, 160),  # divisible by 32, several windows per stage
+    (2, 3, 33, 300),  # very wide
+]
+TOL = 1e-4
+
+
+def _tiny(family: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if family == 'swin':
+        m = SwinTransformer(SWIN_ARCH, drop_path_rate=0.)
+    elif family == 'swinv2':
+        m = SwinTransformerV2(SWIN_ARCH, window_size=8, drop_path_rate=0.)
+    else:
+        m = SwiftFormer(dict(depths=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48]), drop_path_rate=0.)
+    return randomize_(m, seed=1).eval()  # random norms / biases too, so parity cannot pass by accident
+
+
+# ---------------------------------------------------------------------------------------------------- geometry
+def _reference_partition(x, ws, shift):
+    """Official chain: pad bottom/right, roll by -shift, cut ws x ws windows (window-major, row-major inside)."""
+    b, h, w, c = x.shape
+    x = F.pad(x, (0, 0, 0, (-w) % ws, 0, (-h) % ws))
+    hp, wp = x.shape[1:3]
+    x = torch.roll(x, (-shift, -shift), (1, 2))
+    return x.view(b, hp // ws, ws, wp // ws, ws, c).permute(0, 1, 3, 2, 4, 5).reshape(-1, ws * ws, c)
+
+
+@settings(max_examples=60, deadline=None)
+@given(h=st.integers(1, 40), w=st.integers(1, 40), ws=st.integers(1, 9), shifted=st.booleans(),
+       b=st.integers(1, 3))
+def test_window_geometry_matches_official_partition(h, w, ws, shifted, b):
+    """The closed-form gather indices (the same function eager caches and graphs compute) equal roll + partition,
+    and reverse inverts partition exactly, for any size including maps smaller than the window."""
+    shift = ws // 2 if shifted else 0
+    x = torch.randn(b, h, w, 3)
+    geom = WindowGeometry(h, w, ws, shift, x.device)
+    win = geom.partition(x)
+    assert torch.equal(win, _reference_partition(x, ws, shift))
+    assert torch.equal(geom.reverse(win, b), x)
+    if shift:  # the mask separates exactly the positions whose official region labels differ
+        img = torch.zeros(1, geom.hp, geom.wp, 1)
+        cnt = 0
+        for hs in (slice(0, -ws), slice(-ws, -shift), slice(-shift, None)):
+            for wsl in (slice(0, -ws), slice(-ws, -shift), slice(-shift, None)):
+                img[:, hs, wsl, :] = cnt
+                cnt += 1
+        lab = img.view(1, geom.hp // ws, ws, geom.wp // ws, ws, 1).permute(0, 1, 3, 2, 4, 5).reshape(-1, ws * ws)
+        official = (lab[:, :, None] != lab[:, None, :]).float() * -100.0
+        assert torch.equal(geom.mask, official)
+
+
+# ---------------------------------------------------------------------------------------------------- ONNX
+@pytest.fixture(scope='module')
+def onnx_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp('onnx')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('family', ['swin', 'swinv2', 'swiftformer'])
+def test_backbone_onnx_dynamic_parity(family, onnx_dir):
+    model = _tiny(family)
+    path = str(onnx_dir / f'{family}.onnx')
+    names = deploy.export_onnx(deploy.ExportPart(model, 'backbone'), path, torch.randn(*EXAMPLE))
+    assert names == ['out0', 'out1', 'out2', 'out3']
+    import onnx
+    graph = onnx.load(path).graph
+    dims = [d.dim_param or d.dim_value for d in graph.input[0].type.tensor_type.shape.dim]
+    assert isinstance(dims[0], str) and dims[1] == 3 and all(isinstance(d, str) for d in dims[2:]), dims
+    errs = deploy.onnx_parity(model, path, PARITY_SHAPES)
+    assert max(errs.values()) <= TOL, errs
+
+
+@pytest.mark.slow
+def test_segmentor_onnx_dynamic_parity(onnx_dir):
+    """Semantic FPN (mmseg) with a tiny Swin: logits at the input size, equal to eager at every size."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+    cfg = Config.fromfile(osp.join(ROOT, 'configs/demo/swiftformer_xs_semfpn_shapes.py'))
+    init_default_scope('mmseg')
+    cfg.model.backbone = dict(type='mmplugin.SwinTransformer', arch=SWIN_ARCH, drop_path_rate=0.)
+    cfg.model.neck.in_channels = [32, 64, 128, 256]
+    cfg.model.neck.out_channels = 32
+    cfg.model.decode_head.update(in_channels=[32] * 4, channels=16)
+    torch.manual_seed(0)
+    model = randomize_(MODELS.build(cfg.model), seed=2).eval()
+    part = deploy.ExportPart(model, 'model')
+    path = str(onnx_dir / 'semfpn.onnx')
+    deploy.export_onnx(part, path, torch.randn(*EXAMPLE))
+    errs = deploy.onnx_parity(part, path, PARITY_SHAPES)
+    assert max(errs.values()) <= TOL, errs
+    x = torch.randn(1, 3, 61, 75)
+    with torch.no_grad():
+        assert part(x)[0].shape == (1, 4, 61, 75)
+
+
+def test_export_part_errors():
+    model = _tiny('swin')
+    with pytest.raises(ValueError, match='part must be one of'):
+        deploy.ExportPart(model, 'head')
+    with pytest.raises(ValueError, match='has no neck'):
+        deploy.ExportPart(model, 'backbone+neck')
+    with pytest.raises(ValueError, match='example batch and sizes must be >= 2'):
+        deploy.example_input(1, (224, 224))
+
+    class TwoStage(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.backbone, self.roi_head, self.bbox_head = model, torch.nn.Identity(), torch.nn.Identity()
+    with pytest.raises(ValueError, match='mmdeploy'):
+        deploy.ExportPart(TwoStage(), 'model')
+
+
+def test_max_rel_error_nan_and_shape():
+    ref = [torch.tensor([1.0, float('nan')])]
+    assert deploy.max_rel_error([torch.tensor([1.0, float('nan')])], ref) == 0.0
+    assert deploy.max_rel_error([torch.tensor([1.0, 2.0])], ref) == math.inf
+    with pytest.raises(ValueError, match='shape'):
+        deploy.max_rel_error([torch.zeros(3)], ref)
+
+
+def test_export_cli_help():
+    out = subprocess.run([sys.executable, 'tools/export.py', '--help'], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and '--part' in out.stdout
+
+
+# ---------------------------------------------------------------------------------------------------- compile
+COMPILE_SHAPES = [(2, 3, 96, 128), (1, 3, 97, 260), (3, 3, 33, 45), (1, 3, 230, 61), (3, 3, 61, 300),
+                  (1, 3, 250, 129)]
+
+
+@pytest.mark.parametrize('family', ['swin', 'swinv2', 'swiftformer'])
+def test_compile_fullgraph_dynamic_one_recompile(family):
+    """fullgraph=True (a graph break raises), dynamic=True: at most one recompile over six sizes (batch 1 and 3,
+    non-divisible sizes), outputs equal to eager. Dynamo's capture is what decides graph breaks and recompiles;
+    the 'eager' backend replays the captured graph without code generation, to keep the test short."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+    from torch._dynamo.utils import counters
+    torch._dynamo.reset()
+    counters.clear()
+    model = _tiny(family)
+    cnt = CompileCounterWithBackend('eager')
+    compiled = deploy.compile_module(_tiny(family), backend=cnt)
+    for shape in COMPILE_SHAPES:
+        x = torch.randn(*shape)
+        with torch.no_grad():
+            got, ref = compiled(x), model(x)
+        # eager SwiftFormer runs fused oneDNN kernels, the graph standard convs: equal up to summation order
+        assert deploy.max_rel_error(got, ref) <= TOL, shape
+    assert not counters['graph_break'], dict(counters['graph_break'])
+    assert 1 <= cnt.frame_count <= 2, f'{cnt.frame_count - 1} recompiles'
+    torch._dynamo.reset()

@@ -1,0 +1,119 @@
+"""Export a detector's / segmentor's backbone, backbone + neck, or whole segmentor to ONNX with dynamic batch, height
+and width, then check onnxruntime against PyTorch eager at other sizes.
+
+    python tools/export.py CONFIG [CHECKPOINT] --out FILE.onnx [--part backbone|backbone+neck|model]
+        [--opset 18] [--example 2x224x256] [--verify 1x97x131 3x61x300 ...] [--cfg-options ...]
+
+Exporter: ``torch.onnx.export(dynamo=True)`` (torch.export capture + onnxscript), opset 18 by default; see
+:mod:`mmplugin.deploy`. The graph's input ``input`` is the image after the model's data preprocessor (mean/std
+normalised, RGB, float32, ``(B, 3, H, W)``, any B, H, W); outputs are ``out0 ...``. ``--part model`` is
+supported for segmentors (logits at the input size) and single-stage detectors (raw head maps); two-stage
+detectors (Mask R-CNN, Cascade) need mmdeploy (README, Deploy). Without CHECKPOINT the weights are random
+(useful to check exportability). Exits 1 when any ``--verify`` size differs by more than ``--tol`` (relative).
+"""
+from __future__ import annotations
+
+import argparse
+import os.path as osp
+import sys
+import time
+
+sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
+
+
+def _shape(s: str) -> tuple[int, ...]:
+    try:
+        dims = tuple(int(v) for v in s.lower().split('x'))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected BxHxW such as 2x224x256, got {s!r}') from None
+    if len(dims) != 3 or min(dims) < 1:
+        raise argparse.ArgumentTypeError(f'expected BxHxW with positive sizes such as 2x224x256, got {s!r}')
+    return dims
+
+
+def parse_args(argv=None):
+    from mmengine.config import DictAction
+
+    from mmplugin.deploy import DEFAULT_OPSET, PARTS
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('config')
+    p.add_argument('checkpoint', nargs='?', default=None, help='trained weights (loaded weights-only)')
+    p.add_argument('--out', required=True, help='output .onnx file')
+    p.add_argument('--part', choices=PARTS, default='backbone')
+    p.add_argument('--opset', type=int, default=DEFAULT_OPSET)
+    p.add_argument('--example', type=_shape, default=(2, 224, 256),
+                   help='BxHxW of the example input used for capture; every dim >= 2 (default 2x224x256)')
+    p.add_argument('--verify', type=_shape, nargs='*', default=[(1, 97, 131), (3, 61, 300), (1, 33, 45)],
+                   help='BxHxW sizes at which onnxruntime is compared with eager (none: skip)')
+    p.add_argument('--tol', type=float, default=1e-4, help='max relative error allowed by --verify')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    return p.parse_args(argv)
+
+
+def build_model(cfg, checkpoint: str | None):
+    """Build ``cfg.model`` in its own scope (mmdet / mmseg) in eval mode, with weights-only checkpoint loading."""
+    import torch
+    from mmengine.registry import MODELS, init_default_scope
+
+    from mmplugin.checkpoint import CheckpointError, load_checkpoint_file
+
+    init_default_scope(cfg.get('default_scope', 'mmdet'))
+    cfg.model.get('backbone', {}).pop('init_cfg', None)  # weights come from CHECKPOINT (or stay random)
+    cfg.model.pop('pretrained', None)
+    model = MODELS.build(cfg.model)
+    if checkpoint:
+        ckpt = load_checkpoint_file(checkpoint)
+        sd = ckpt.get('state_dict', ckpt) if isinstance(ckpt, dict) else None
+        if not isinstance(sd, dict) or not any(isinstance(v, torch.Tensor) for v in sd.values()):
+            raise CheckpointError(f'{checkpoint} holds no state dict of a whole model (tools/train.py writes one)')
+        sd = {k[len('module.'):] if k.startswith('module.') else k: v for k, v in sd.items()}
+        missing, unexpected = model.load_state_dict(sd, strict=False)
+        if missing:
+            raise ValueError(f'{checkpoint} lacks {len(missing)} weights of this model (e.g. {missing[:3]}); '
+                             'is it trained with this config?')
+        if unexpected:
+            print(f'note: ignored {len(unexpected)} checkpoint keys not in the model (e.g. {unexpected[:3]})')
+    else:
+        print('note: no CHECKPOINT given: random weights (export and parity are still checked)')
+    return model.eval().to(torch.float32)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    for what, path in (('config', args.config), ('checkpoint', args.checkpoint)):
+        if path and not osp.isfile(path):
+            print(f'error: {what} file not found: {path}', file=sys.stderr)
+            return 2
+    from mmengine.config import Config
+
+    import mmplugin  # noqa: F401
+    from mmplugin.checkpoint import CheckpointError
+    from mmplugin.deploy import ExportPart, example_input, export_onnx, onnx_parity
+
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    try:
+        model = build_model(cfg, args.checkpoint)
+        part = ExportPart(model, args.part).eval()
+        b, h, w = args.example
+        example = example_input(b, (h, w), channels=getattr(part.backbone, 'in_channels', 3))
+    except (ValueError, CheckpointError) as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
+    t = time.perf_counter()
+    names = export_onnx(part, args.out, example, opset=args.opset)
+    print(f'exported {args.part} of {osp.basename(args.config)} to {args.out} in {time.perf_counter() - t:.0f} s '
+          f'(opset {args.opset}, dynamic batch/height/width, outputs {", ".join(names)})')
+    if not args.verify:
+        return 0
+    c = example.shape[1]
+    errs = onnx_parity(part, args.out, [(bb, c, hh, ww) for bb, hh, ww in args.verify])
+    print('onnxruntime vs eager (max relative error):')
+    for shape, err in errs.items():
+        print(f'  {"x".join(map(str, shape)):>16s}  {err:.2e}  {"ok" if err <= args.tol else "FAIL"}')
+    return 0 if all(e <= args.tol for e in errs.values()) else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
