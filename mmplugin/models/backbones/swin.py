@@ -18,12 +18,11 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from mmengine.model.weight_init import trunc_normal_
 from torch import nn
 
 from ...converters.swin import convert_swin, plugin_to_mmdet_swin
 from ...registry import MODELS
-from ..layers import DropPath, linear_drop_path_rates
+from ..layers import DropPath, linear_drop_path_rates, transformer_init_
 from ..layers.window_attention import WindowAttention, WindowAttentionV2, WindowGeometry, must_pad, padded_size
 from .base import BaseBackbone, check_int_list
 from .openmmlab_compat import DEFAULT_ARCH, translate_swin_kwargs
@@ -238,14 +237,7 @@ class _SwinBase(BaseBackbone):
         return any(cls._DETECT.search(k) for k in state_dict)
 
     def _default_init(self) -> None:
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        transformer_init_(self)
         if self.v2:  # res-post-norms start at zero, so every block starts as the identity (official V2 init)
             for stage in self.layers:
                 for blk in stage.blocks:

@@ -26,11 +26,10 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 from mmengine.model import BaseModule
-from mmengine.model.weight_init import trunc_normal_
 from torch import nn
 
 from ...registry import MODELS
-from ..layers import DropPath
+from ..layers import DropPath, transformer_init_
 
 
 class GlobalSelfAttention(nn.Module):
@@ -118,14 +117,7 @@ class GlobalAttentionNeck(BaseModule):
         self._default_init()
 
     def _default_init(self) -> None:
-        for m in self.modules():
-            if isinstance(m, nn.Linear):
-                trunc_normal_(m.weight, std=0.02)
-                if m.bias is not None:
-                    nn.init.zeros_(m.bias)
-            elif isinstance(m, nn.LayerNorm):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        transformer_init_(self)
 
     def forward(self, inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
         if len(inputs) != len(self.in_channels):
