@@ -34,6 +34,8 @@ def det_pictures(args) -> int:
     from mmdet.apis import inference_detector, init_detector
     from mmplugin.demo import report
     cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
     cfg.model.get('backbone', {}).pop('init_cfg', None)
     classes, palette = _meta(cfg)
     ds = cfg.test_dataloader.dataset
@@ -76,6 +78,8 @@ def seg_pictures(args) -> int:
     from mmplugin.demo import report
     from mmseg.apis import inference_model, init_model
     cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
     cfg.model.get('backbone', {}).pop('init_cfg', None)
     classes, palette = _meta(cfg)
     ds = cfg.test_dataloader.dataset
@@ -138,6 +142,7 @@ def glob_logs(work_dir):
 
 
 def main(argv=None) -> int:
+    from mmengine.config import DictAction
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest='cmd', required=True)
     for name in ('det-pictures', 'seg-pictures'):
@@ -147,6 +152,7 @@ def main(argv=None) -> int:
         s.add_argument('--out', required=True)
         s.add_argument('--num', type=int, default=3)
         s.add_argument('--score-thr', type=float, default=0.5)
+        s.add_argument('--cfg-options', nargs='+', action=DictAction)
     s = sub.add_parser('curves')
     s.add_argument('--run', action='append', required=True, help='TITLE=WORK_DIR (of tools/train.py)')
     s.add_argument('--out', required=True)
