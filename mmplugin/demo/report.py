@@ -70,7 +70,7 @@ def draw_instances(img: np.ndarray, boxes: np.ndarray, labels: Sequence[int], cl
     return out
 
 
-def draw_label_map(img: np.ndarray, label: np.ndarray, palette: Sequence[Sequence[int]], alpha: float = 0.55,
+def draw_label_map(img: np.ndarray, label: np.ndarray, palette: Sequence[Sequence[int]], alpha: float = 0.8,
                    side: int = MIN_SIDE, skip: Iterable[int] = (0, )) -> np.ndarray:
     """Tint an RGB image with a semantic label map (class ``k`` in ``palette[k]``; ``skip`` classes untinted)."""
     out, _ = _upscale(img, side)
