@@ -1,5 +1,5 @@
 # Demo: SwiftFormer-XS Semantic FPN trained from scratch on the synthetic ADE20K-layout shapes (tools/make_demo_data.py):
-# 160 px images, 128-channel FPN, 400 iterations, mIoU on the validation split.
+# 160 px images, 128-channel FPN, class-weighted cross-entropy + Dice, 1000 iterations, mIoU on the validation split.
 _base_ = ['mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/default_runtime.py']
 custom_imports = dict(imports=['mmplugin'], allow_failed_imports=False)
 
@@ -45,7 +45,7 @@ test_dataloader = val_dataloader
 val_evaluator = dict(type='IoUMetric', iou_metrics=['mIoU'])
 test_evaluator = val_evaluator
 
-max_iters = 600
+max_iters = 1000
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
