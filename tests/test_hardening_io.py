@@ -433,6 +433,11 @@ def test_demo_stops_with_the_failing_steps_exit_code_and_filters_output(tmp_path
                          env={**os.environ, 'DEMO_ITERS': '2', 'DEMO_SKIP_SEG': '1'})
     assert out.returncode == 0, out.stdout + out.stderr
     assert 'bbox_mAP: 0.5' in out.stdout and 'Build settings' not in out.stdout
+    assert re.search(r'step 2/4: training .* \(elapsed \d+ s, ETA [0-9:]+, about \d+ s left\)', out.stdout), out.stdout
+    calls = (tmp_path / 'ok/calls').read_text()
+    for sub in ('det-pictures', 'curves', 'summary --det-test'):
+        assert f'tools/demo_report.py {sub}' in calls, calls
+    assert '--time data=' in calls and '--time det_train=' in calls and 'det_result.png' in calls
 
 
 # ------------------------------------------------------------------------------------------------ setup with CUDA

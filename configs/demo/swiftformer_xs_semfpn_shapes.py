@@ -1,5 +1,5 @@
 # Demo: SwiftFormer-XS Semantic FPN trained from scratch on the synthetic ADE20K-layout shapes (tools/make_demo_data.py):
-# 160 px images, 128-channel FPN, 400 iterations, mIoU on the validation split.
+# 160 px images, 128-channel FPN, class-weighted cross-entropy + Dice, 1000 iterations, mIoU on the validation split.
 _base_ = ['mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/default_runtime.py']
 custom_imports = dict(imports=['mmplugin'], allow_failed_imports=False)
 
@@ -12,7 +12,13 @@ model = dict(
     pretrained=None,
     backbone=dict(_delete_=True, type='mmplugin.SwiftFormer', arch='xs', out_indices=(0, 1, 2, 3), init_cfg=None),
     neck=dict(in_channels=[48, 56, 112, 220], out_channels=128),
-    decode_head=dict(in_channels=[128, 128, 128, 128], channels=64, num_classes=4, norm_cfg=norm_cfg))
+    decode_head=dict(
+        in_channels=[128, 128, 128, 128], channels=64, num_classes=4, norm_cfg=norm_cfg,
+        # background covers ~85 % of the pixels: down-weight it in the cross-entropy, and add a Dice term that
+        # scores each class's overlap regardless of its area
+        loss_decode=[dict(type='CrossEntropyLoss', use_sigmoid=False, loss_weight=1.0,
+                          class_weight=[0.4, 1.0, 1.0, 1.0]),
+                     dict(type='DiceLoss', loss_weight=0.5)]))
 
 train_pipeline = [
     dict(type='LoadImageFromFile'),
@@ -39,7 +45,7 @@ test_dataloader = val_dataloader
 val_evaluator = dict(type='IoUMetric', iou_metrics=['mIoU'])
 test_evaluator = val_evaluator
 
-max_iters = 400
+max_iters = 1000
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
 val_cfg = dict(type='ValLoop')
 test_cfg = dict(type='TestLoop')
