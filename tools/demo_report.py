@@ -25,19 +25,24 @@ def _meta(cfg):
     return list(meta['classes']), [tuple(int(c) for c in p) for p in meta['palette']]
 
 
+def _load_cfg(args):
+    """The demo config with ``--cfg-options`` applied and no pretrained download; its classes and palette."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    cfg.model.get('backbone', {}).pop('init_cfg', None)
+    return (cfg, *_meta(cfg))
+
+
 def det_pictures(args) -> int:
     import numpy as np
-    from mmengine.config import Config
     from pycocotools import mask as mask_util
     from pycocotools.coco import COCO
 
     from mmdet.apis import inference_detector, init_detector
     from mmplugin.demo import report
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    cfg.model.get('backbone', {}).pop('init_cfg', None)
-    classes, palette = _meta(cfg)
+    cfg, classes, palette = _load_cfg(args)
     ds = cfg.test_dataloader.dataset
     root = ds.get('data_root', '')
     coco = COCO(osp.join(root, ds.ann_file))
@@ -72,16 +77,11 @@ def seg_pictures(args) -> int:
     import glob
 
     import mmcv
-    from mmengine.config import Config
     from mmengine.runner import load_checkpoint
 
     from mmplugin.demo import report
     from mmseg.apis import inference_model, init_model
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    cfg.model.get('backbone', {}).pop('init_cfg', None)
-    classes, palette = _meta(cfg)
+    cfg, classes, palette = _load_cfg(args)
     ds = cfg.test_dataloader.dataset
     model = init_model(cfg, None, device='cpu')
     load_checkpoint(model, args.checkpoint, map_location='cpu', logger='silent')
