@@ -11,10 +11,11 @@ Parts (``image (B, C, H, W)`` in, a tuple of tensors out):
 
 * ``backbone``: the backbone's NCHW feature maps;
 * ``backbone+neck``: the neck's maps (FPN levels) when the model has a neck;
-* ``model``: segmentors (mmseg ``EncoderDecoder``): ``(B, num_classes, H, W)`` logits, i.e. the decode head's
-  output resized to the input like ``EncoderDecoder.encode_decode``; single-stage detectors: the dense head's raw
-  maps (per level class scores, box deltas, ...). Two-stage detectors need NMS and RoIAlign custom ops: use
-  mmdeploy, or export ``backbone+neck``.
+* ``model``: segmentors (mmseg ``EncoderDecoder``: Semantic FPN, UperNet): ``(B, num_classes, H, W)`` logits,
+  i.e. the decode head's output resized to the input like ``EncoderDecoder.encode_decode``; single-stage
+  detectors: the dense head's raw maps (per level class scores, box deltas, ...). Two-stage detectors need NMS
+  and RoIAlign custom ops: use mmdeploy (README, Deploy: what works with this stack), or export
+  ``backbone+neck``.
 """
 from __future__ import annotations
 
@@ -54,13 +55,51 @@ class _IntScaleUpsample(nn.Module):
         return F.interpolate(x, size=size, mode=self.mode, align_corners=self.align_corners)
 
 
+def adaptive_pool_matrix(n, s: int, like: torch.Tensor) -> torch.Tensor:
+    """``(s, n)`` averaging matrix of ``adaptive_avg_pool1d`` from ``n`` to ``s`` positions.
+
+    Row ``i`` averages positions ``floor(i n / s) <= j < ceil((i + 1) n / s)`` (PyTorch's definition);
+    ``n`` may be a symbolic size, so the matrix is computed inside a captured graph.
+    """
+    i = torch.arange(s, device=like.device)
+    j = torch.arange(n, device=like.device)
+    start = torch.div(i * n, s, rounding_mode='floor')
+    end = torch.div((i + 1) * n + s - 1, s, rounding_mode='floor')
+    inside = (j[None, :] >= start[:, None]) & (j[None, :] < end[:, None])
+    return inside.to(like.dtype) / (end - start).to(like.dtype)[:, None]
+
+
+class _MatrixAdaptiveAvgPool2d(nn.Module):
+    """``nn.AdaptiveAvgPool2d(output_size)`` as two matrix products, ``P_h @ x @ P_w^T``.
+
+    ``x (B, C, H, W) -> (B, C, s_h, s_w)``. The exporters decompose adaptive pooling with gather indices computed
+    from the example's size (onnxruntime then fails or reads wrong positions at other sizes); the averaging
+    matrices here are built from the input's symbolic size. Equal to PyTorch's up to summation order.
+    """
+
+    def __init__(self, output_size):
+        super().__init__()
+        self.output_size = tuple(output_size) if isinstance(output_size, (tuple, list)) else (output_size, ) * 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sh, sw = self.output_size
+        if sh is not None:
+            x = torch.matmul(adaptive_pool_matrix(x.shape[-2], sh, x), x)
+        if sw is not None:
+            x = torch.matmul(x, adaptive_pool_matrix(x.shape[-1], sw, x).transpose(0, 1))
+        return x
+
+
 def make_exportable(module: nn.Module) -> nn.Module:
     """Replace, in place, submodules whose forward bakes the example size into a captured graph; returns module.
 
-    Today: mmseg ``Upsample`` with an integer ``scale_factor`` (Semantic FPN's scale heads). Non-integer factors
-    raise, naming the module.
+    Today: mmseg ``Upsample`` with an integer ``scale_factor`` (Semantic FPN's scale heads; non-integer factors
+    raise, naming the module) and ``nn.AdaptiveAvgPool2d`` (UperNet's pyramid pooling).
     """
     for name, child in list(module.named_children()):
+        if type(child) is nn.AdaptiveAvgPool2d:
+            setattr(module, name, _MatrixAdaptiveAvgPool2d(child.output_size))
+            continue
         if type(child).__name__ == 'Upsample' and type(child).__module__.startswith('mmseg') and not child.size:
             f = child.scale_factor
             factors = tuple(f) if isinstance(f, (tuple, list)) else (f, f)

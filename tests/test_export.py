@@ -131,6 +131,44 @@ def test_segmentor_onnx_dynamic_parity(onnx_dir):
         assert part(x)[0].shape == (1, 4, 61, 75)
 
 
+@pytest.mark.slow
+def test_upernet_onnx_dynamic_parity(onnx_dir):
+    """UperNet (mmseg, pyramid pooling 1/2/3/6) with a tiny SwiftFormer: the adaptive pooling is rebuilt from the
+    input's size in the graph (exported as is, onnxruntime fails or reads wrong positions at other sizes)."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+    cfg = Config.fromfile(osp.join(ROOT, 'configs/swin_t_upernet_ade20k.py'))
+    init_default_scope('mmseg')
+    cfg.model.pop('auxiliary_head', None)
+    cfg.model.backbone = dict(type='mmplugin.SwiftFormer', arch=dict(depths=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48]),
+                              drop_path_rate=0.)
+    cfg.model.decode_head.update(in_channels=[16, 24, 32, 48], channels=16, num_classes=5,
+                                 norm_cfg=dict(type='BN', requires_grad=True))
+    torch.manual_seed(0)
+    model = randomize_(MODELS.build(cfg.model), seed=3).eval()
+    assert any(isinstance(m, torch.nn.AdaptiveAvgPool2d) for m in model.modules())
+    part = deploy.ExportPart(model, 'model')
+    assert not any(isinstance(m, torch.nn.AdaptiveAvgPool2d) for m in model.modules())
+    path = str(onnx_dir / 'upernet.onnx')
+    deploy.export_onnx(part, path, torch.randn(*EXAMPLE))
+    errs = deploy.onnx_parity(part, path, PARITY_SHAPES)
+    assert max(errs.values()) <= TOL, errs
+
+
+@settings(max_examples=80, deadline=None)
+@given(h=st.integers(1, 50), w=st.integers(1, 50), sh=st.one_of(st.none(), st.integers(1, 8)),
+       sw=st.one_of(st.none(), st.integers(1, 8)))
+def test_matrix_adaptive_pool_equals_pytorch(h, w, sh, sw):
+    """The graph-friendly adaptive average pooling equals ``F.adaptive_avg_pool2d`` for any input / output size,
+    including outputs larger than the input (overlapping windows) and ``None`` (size kept)."""
+    x = torch.randn(2, 3, h, w, dtype=torch.float64)
+    got = deploy._MatrixAdaptiveAvgPool2d((sh, sw))(x)
+    ref = F.adaptive_avg_pool2d(x, (sh, sw))
+    assert got.shape == ref.shape
+    assert torch.allclose(got, ref, rtol=0, atol=1e-12)
+
+
 def test_export_part_errors():
     model = _tiny('swin')
     with pytest.raises(ValueError, match='part must be one of'):
