@@ -257,3 +257,65 @@ def compile_backbone_and_neck(model: nn.Module, backend: str = 'inductor') -> nn
     if isinstance(neck, nn.Module):
         compile_module(neck, backend, fullgraph=False)  # third-party necks may hold graph breaks
     return model
+
+
+# ---------------------------------------------------------------------------------------------------- fast inference
+FAST_MODES = ('auto', 'bf16', 'fp16')
+_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
+
+
+def native_low_precision(device: torch.device | str = 'cpu') -> torch.dtype | None:
+    """The reduced-precision dtype ``device`` computes natively, or None.
+
+    CUDA: bf16 where supported (Ampere and newer), else fp16. CPU: bf16 where oneDNN has bf16 kernels (AVX512
+    cores; bf16 arithmetic in hardware with AVX512-BF16 / AMX, e.g. Sapphire Rapids, Zen 4); AVX2-only CPUs
+    emulate bf16 and run it several times slower than fp32, so they get None.
+    """
+    device = torch.device(device)
+    if device.type == 'cuda':
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if device.type == 'cpu' and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return torch.bfloat16
+    return None
+
+
+def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.device | str = 'cpu'):
+    """Run ``model.extract_feat`` (backbone + neck) under autocast in reduced precision; returns the dtype or None.
+
+    The features are cast back to fp32 before the heads: mmcv's RoIAlign / NMS CPU kernels and the loss-free
+    post-processing stay fp32 (they take a small share of the time; measured in the README, Deploy). ``mode``:
+    ``'auto'`` = :func:`native_low_precision` (a warning and fp32 where the device has none), ``'bf16'`` /
+    ``'fp16'`` = that dtype even where it is emulated (to measure its accuracy cost). Works for mmdet detectors
+    and mmseg segmentors (both route images through ``extract_feat``); the model's weights stay fp32, so
+    checkpoints and ``state_dict`` keys are unchanged.
+    """
+    import warnings
+    if mode not in FAST_MODES:
+        raise ValueError(f'fast inference mode must be one of {FAST_MODES}, got {mode!r}')
+    device = torch.device(device)
+    if not callable(getattr(model, 'extract_feat', None)):
+        raise TypeError(f'{type(model).__name__} has no extract_feat(); fast inference wraps the backbone + neck of '
+                        'mmdet detectors and mmseg segmentors')
+    if mode == 'auto':
+        dtype = native_low_precision(device)
+        if dtype is None:
+            warnings.warn(f'--fast: {device.type} has no native reduced-precision kernels (CPU needs AVX512-BF16 or '
+                          'AMX); running fp32. Pass --fast bf16 to force bf16 (emulated: slower, same accuracy cost)',
+                          stacklevel=2)
+            return None
+    else:
+        dtype = _DTYPES[mode]
+        if dtype != native_low_precision(device):
+            warnings.warn(f'--fast {mode}: {device.type} has no native {mode} kernels; it runs emulated (slower than '
+                          'fp32). Useful to measure the accuracy cost only', stacklevel=2)
+    plain = model.extract_feat
+
+    def extract_feat(inputs, *args, **kwargs):
+        with torch.autocast(device.type, dtype=dtype):
+            feats = plain(inputs, *args, **kwargs)
+        if isinstance(feats, torch.Tensor):
+            return feats.float()
+        return type(feats)(f.float() for f in feats)
+
+    model.extract_feat = extract_feat
+    return dtype

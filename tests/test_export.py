@@ -226,3 +226,77 @@ def test_compile_fullgraph_dynamic_one_recompile(family):
     assert not counters['graph_break'], dict(counters['graph_break'])
     assert 1 <= cnt.frame_count <= 2, f'{cnt.frame_count - 1} recompiles'
     torch._dynamo.reset()
+
+
+# ---------------------------------------------------------------------------------------------------- fast inference
+def _tiny_detector():
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmdet.registry import MODELS
+    cfg = Config.fromfile(osp.join(ROOT, 'configs/demo/swiftformer_xs_maskrcnn_shapes.py'))
+    init_default_scope('mmdet')
+    cfg.model.backbone.arch = dict(depths=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48])
+    cfg.model.neck.in_channels = [16, 24, 32, 48]
+    torch.manual_seed(0)
+    return randomize_(MODELS.build(cfg.model), seed=4).eval()
+
+
+def test_fast_inference_backbone_neck_low_precision_heads_fp32(monkeypatch):
+    """bf16 (forced, as on a CPU without native kernels): the backbone computes in bf16, the FPN maps reach the
+    heads as fp32 within bf16's error, the whole Mask R-CNN predicts (mmcv RoIAlign / NMS run fp32)."""
+    from mmdet.structures import DetDataSample
+    model = _tiny_detector()
+    x = torch.randn(2, 3, 96, 128)
+    with torch.no_grad():
+        ref = model.extract_feat(x)
+    seen = []
+    model.backbone.register_forward_hook(lambda m, i, o: seen.extend(t.dtype for t in o))
+    monkeypatch.setattr(deploy, 'native_low_precision', lambda device='cpu': None)
+    with pytest.warns(UserWarning, match='emulated'):
+        assert deploy.enable_fast_inference(model, 'bf16') is torch.bfloat16
+    with torch.no_grad():
+        got = model.extract_feat(x)
+    assert set(seen) == {torch.bfloat16}
+    assert all(g.dtype == torch.float32 for g in got)
+    err = deploy.max_rel_error(got, ref)
+    assert 1e-6 < err < 5e-2, err  # bf16 really ran (not fp32), and within its precision
+    meta = dict(img_shape=(96, 128), ori_shape=(96, 128), scale_factor=(1.0, 1.0), pad_shape=(96, 128),
+                batch_input_shape=(96, 128))
+    with torch.no_grad():
+        out = model.predict(x, [DetDataSample(metainfo=meta), DetDataSample(metainfo=meta)])
+    assert out[0].pred_instances.bboxes.dtype == torch.float32
+
+
+def test_fast_inference_auto_follows_the_hardware(monkeypatch):
+    model = _tiny_detector()
+    plain = model.extract_feat
+    monkeypatch.setattr(deploy, 'native_low_precision', lambda device='cpu': None)
+    with pytest.warns(UserWarning, match='running fp32'):
+        assert deploy.enable_fast_inference(model, 'auto') is None
+    assert model.extract_feat == plain  # untouched: fp32 as before
+    monkeypatch.setattr(deploy, 'native_low_precision', lambda device='cpu': torch.bfloat16)
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # native: no warning
+        assert deploy.enable_fast_inference(model, 'auto') is torch.bfloat16
+    assert model.extract_feat != plain
+    with pytest.raises(ValueError, match='must be one of'):
+        deploy.enable_fast_inference(model, 'int8')
+    with pytest.raises(TypeError, match='extract_feat'):
+        deploy.enable_fast_inference(torch.nn.Linear(2, 2), 'bf16')
+
+
+def test_native_low_precision_cpu_flags():
+    """CPU: no bf16 where the processor lacks bf16 instructions (AVX2-only CPUs emulate it, several times slower
+    than fp32); the reference is the kernel's own flag list, not oneDNN."""
+    flags = set()
+    if osp.exists('/proc/cpuinfo'):
+        for line in open('/proc/cpuinfo'):
+            if line.startswith('flags'):
+                flags |= set(line.split(':', 1)[1].split())
+    if not flags:
+        pytest.skip('no /proc/cpuinfo flags on this platform')
+    if not flags & {'avx512_bf16', 'amx_bf16', 'avx512bw'}:
+        assert deploy.native_low_precision('cpu') is None
+    if flags & {'avx512_bf16', 'amx_bf16'}:
+        assert deploy.native_low_precision('cpu') is torch.bfloat16

@@ -71,10 +71,26 @@ def test_demo_data_is_deterministic(tmp_path, demo_data):
 
 
 @pytest.mark.parametrize('tool', ['train.py', 'test.py', 'infer.py', 'convert_checkpoint.py', 'get_flops.py',
-                                  'benchmark.py', 'make_demo_data.py'])
+                                  'benchmark.py', 'make_demo_data.py', 'speed_table.py', 'export.py'])
 def test_help(tool):
     out = run(f'tools/{tool}', '--help', timeout=120)
     assert 'usage' in out.stdout.lower()
+
+
+def test_speed_table_rows(capsys):
+    """One row per peer and the plugin; rows of implementations computing the same function carry their error
+    against the plugin's eager fp32 outputs (the official formulation and the deployed plugin: < 1e-4)."""
+    sys.path.insert(0, str(Path(ROOT) / 'tools'))
+    import speed_table
+    rows, whole = speed_table.main(['--size', '64x96', '--rounds', '1', '--runtimes', 'eager', '--models',
+                                    'swin:tiny', '--bf16', 'off'])
+    by_impl = {r['impl']: r for r in rows}
+    assert set(by_impl) == {'mmdet-swin', 'mmplugin'} and not whole
+    assert by_impl['mmdet-swin']['ratio'] == 1.0  # the first peer is the baseline
+    assert by_impl['mmdet-swin']['rel_err'] < 1e-4  # mmdet's Swin with the plugin's weights: the same function
+    assert by_impl['mmplugin']['rel_err'] == 0.0
+    out = capsys.readouterr().out
+    assert 'CPU: ' in out and 'command: python tools/speed_table.py' in out and out.count('| swin tiny') == 2
 
 
 def test_missing_dataset_is_reported_before_building(tmp_path):
@@ -195,11 +211,19 @@ def test_kill_and_resume_then_test(tmp_path, demo_data):
     # tools/test.py evaluates what tools/train.py wrote (weights-only loading on torch >= 2.6)
     out = run('tools/test.py', DEMO_SEG, str(work / 'iter_24.pth'), '--work-dir', str(tmp_path / 'test'),
               '--cfg-options', *_data_opts(demo_data, 'seg'), timeout=600)
-    assert re.search(r"'mIoU': [\d.]+", out.stdout)
+    miou = float(re.search(r"'mIoU': ([\d.]+)", out.stdout).group(1))
+    # --fast bf16: backbone + neck in bf16 (emulated on CPUs without AVX512-BF16, so only the cost is measured)
+    out = run('tools/test.py', DEMO_SEG, str(work / 'iter_24.pth'), '--work-dir', str(tmp_path / 'test_bf16'),
+              '--fast', 'bf16', '--cfg-options', *_data_opts(demo_data, 'seg'), timeout=900)
+    miou_bf16 = float(re.search(r"'mIoU': ([\d.]+)", out.stdout).group(1))
+    assert abs(miou_bf16 - miou) <= 5.0, (miou, miou_bf16)  # a 24-iteration model: many pixels near a tie
     png = tmp_path / 'seg.png'
     out = run('tools/infer.py', DEMO_SEG, str(work / 'iter_24.pth'),
-              str(demo_data / 'shapes_ade/images/validation/00000.png'), '--out', str(png), timeout=600)
+              str(demo_data / 'shapes_ade/images/validation/00000.png'), '--out', str(png), '--fast', timeout=600)
     assert png.stat().st_size > 1000 and 'visualisation written' in out.stdout
+    from mmplugin.deploy import native_low_precision
+    if native_low_precision('cpu') is None:  # --fast (auto) on a CPU without bf16 kernels: says it runs fp32
+        assert 'running fp32' in out.stderr, out.stderr[-2000:]
 
 
 def test_resume_skips_truncated_latest_checkpoint(tmp_path):

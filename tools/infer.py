@@ -1,7 +1,7 @@
 """Run a trained detector or segmentor on one image and draw its predictions to a PNG.
 
     python tools/infer.py CONFIG CHECKPOINT IMAGE --out result.png [--score-thr 0.3] [--device cpu] [--allow-partial]
-        [--compile]
+        [--compile] [--fast [auto|bf16|fp16]]
 
 CHECKPOINT is a path or an http(s) URL. It must fit the model of CONFIG (see tools/test.py), unless --allow-partial.
 
@@ -51,6 +51,9 @@ def main(argv=None) -> int:
                    help='run even if the checkpoint does not fit the model (missing keys stay random)')
     p.add_argument('--compile', action='store_true',
                    help='torch.compile the backbone and neck (fullgraph, dynamic shapes); pays off on GPUs')
+    p.add_argument('--fast', nargs='?', const='auto', choices=('auto', 'bf16', 'fp16'), default=None,
+                   help='backbone + neck in reduced precision, heads fp32 (auto: bf16 on CPUs with AVX512-BF16/AMX '
+                        'and on recent GPUs, fp16 on older GPUs; fp32 with a warning elsewhere)')
     args = p.parse_args(argv)
     import mmplugin  # noqa: F401
     from mmplugin.checkpoint import CheckpointError, is_url, load_checkpoint_file
@@ -66,7 +69,7 @@ def main(argv=None) -> int:
     import mmcv
     from mmengine.config import Config
 
-    from mmplugin.deploy import compile_backbone_and_neck
+    from mmplugin.deploy import compile_backbone_and_neck, enable_fast_inference
     cfg = Config.fromfile(args.config)
     cfg.model.get('backbone', {}).pop('init_cfg', None)
     img = mmcv.imread(args.image, channel_order='rgb')
@@ -83,6 +86,8 @@ def main(argv=None) -> int:
         load_checkpoint(model, args.checkpoint, map_location='cpu')
         meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
         model.dataset_meta = meta or DATASETS.build(dict(cfg.test_dataloader.dataset, lazy_init=True)).metainfo
+        if args.fast:
+            enable_fast_inference(model, args.fast, args.device)
         if args.compile:
             compile_backbone_and_neck(model)
         result = inference_model(model, args.image)
@@ -93,6 +98,8 @@ def main(argv=None) -> int:
         from mmdet.apis import inference_detector, init_detector
         from mmdet.visualization import DetLocalVisualizer
         model = init_detector(cfg, args.checkpoint, device=args.device)
+        if args.fast:
+            enable_fast_inference(model, args.fast, args.device)
         if args.compile:
             compile_backbone_and_neck(model)
         result = inference_detector(model, args.image)

@@ -2,6 +2,7 @@
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--tta] [--show-dir DIR] [--cfg-options ...]
         [--allow-partial] [--launcher none|pytorch|slurm] [--compile]
+        [--fast [auto|bf16|fp16]]
 
 CHECKPOINT is a path or an http(s) URL (downloaded once into the torch hub cache). Checkpoints load with
 weights-only semantics (see mmplugin.checkpoint) and strictly: one that does not fit the model of CONFIG (a
@@ -29,6 +30,9 @@ def parse_args(argv=None):
     p.add_argument('--show-dir', help='save visualised predictions here (inside the work dir)')
     p.add_argument('--compile', action='store_true',
                    help='torch.compile the backbone and neck (fullgraph, dynamic shapes); pays off on GPUs')
+    p.add_argument('--fast', nargs='?', const='auto', choices=('auto', 'bf16', 'fp16'), default=None,
+                   help='backbone + neck in reduced precision, heads fp32 (auto: bf16 on CPUs with AVX512-BF16/AMX '
+                        'and on recent GPUs, fp16 on older GPUs; fp32 with a warning elsewhere)')
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
     p.add_argument('--allow-partial', action='store_true',
                    help='evaluate even if the checkpoint does not fit the model (missing keys stay random)')
@@ -97,9 +101,15 @@ def main(argv=None) -> int:
         return 2
     if problem:
         print(f'warning (--allow-partial): {problem}', file=sys.stderr)
+    from mmengine.model import is_model_wrapper
+    model = runner.model.module if is_model_wrapper(runner.model) else runner.model  # unwrap DDP
+    if args.tta:
+        model = model.module  # the detector / segmentor inside the TTA wrapper
+    if args.fast:
+        from mmplugin.deploy import enable_fast_inference
+        enable_fast_inference(model, args.fast, next(model.parameters()).device)
     if args.compile:
         from mmplugin.deploy import compile_backbone_and_neck
-        model = getattr(runner.model, 'module', runner.model)  # unwrap DDP
         compile_backbone_and_neck(model)  # in place: the checkpoint's keys still match
     metrics = runner.test()
     print({k: _plain(v) for k, v in (metrics or {}).items()})
