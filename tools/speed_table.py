@@ -1,14 +1,14 @@
 """Backbone speed against the CPU's own matmul peak, the peers and the deployment runtimes, in one process.
 
     python tools/speed_table.py [--size 800x1216] [--rounds 5] [--models swin:tiny swiftformer:l1]
-        [--runtimes eager onnxruntime openvino] [--bf16 auto|on|off] [--whole CONFIG ...] [--json F]
+        [--runtimes eager onnxruntime openvino] [--bf16 auto|on|off] [--whole CONFIG[@HxW] ...] [--json F]
 
 For each backbone (batch 1, eval, random weights): median seconds of interleaved rounds for the family's peers
 (``benchmark_peers``, e.g. mmdet's Swin) and the plugin in eager fp32, the plugin exported to ONNX (dynamic sizes)
 in onnxruntime and OpenVINO (when installed; f32 inference precision), and under bf16 autocast where the CPU has
 bf16 kernels (``--bf16 on`` forces it on CPUs that emulate bf16). Each row gives GFLOP/s (2 x the multiply-adds
-counted by ``tools/get_flops.py``), the share of a 4096x4096 matmul's GFLOP/s measured in the same
-run in the same precision, the speed ratio to the first peer, and the accuracy cost (max relative error of the
+counted by ``tools/get_flops.py``), the share of a 4096x4096 matmul's GFLOP/s timed in the same
+interleaved rounds in the same precision, the speed ratio to the first peer, and the accuracy cost (max relative error of the
 outputs against the plugin's eager fp32 outputs).
 
 ``--whole CONFIG`` also times a whole detector / segmentor's inference (random weights, every proposal kept) and
@@ -60,13 +60,6 @@ def interleaved(fns: dict, rounds: int) -> dict[str, float]:
             fn()
             times[k].append(time.perf_counter() - t)
     return {k: statistics.median(v) for k, v in times.items()}
-
-
-def matmul_peak(dtype=torch.float32, n: int = 4096, rounds: int = 5) -> float:
-    """GFLOP/s of an ``n x n @ n x n`` matmul in ``dtype`` (median of rounds)."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    t = interleaved({'mm': lambda: torch.mm(a, b)}, rounds)['mm']
-    return 2 * n**3 / t / 1e9
 
 
 def _tuple(out):
@@ -125,8 +118,15 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
                 res = compiled({0: x.numpy()})
                 outs[ov_fn] = tuple(torch.from_numpy(res[o]) for o in compiled.outputs)
             fns[('mmplugin', 'openvino', 'fp32')] = ov_fn
-    times = interleaved({k: fn for k, fn in fns.items()}, rounds)
-    baseline = times[next(iter(fns))]
+    # the matmul peak is timed in the same interleaved rounds, so machine noise hits it like the models
+    n = 4096
+    mats = {p: (torch.randn(n, n, dtype=d), torch.randn(n, n, dtype=d))
+            for p, d in (('fp32', torch.float32), ('bf16 autocast', torch.bfloat16)) if p == 'fp32' or bf16}
+    for p, (a, b) in mats.items():
+        fns[('matmul', p)] = lambda a=a, b=b: torch.mm(a, b)
+    times = interleaved(fns, rounds)
+    peaks = {p: 2 * n**3 / times.pop(('matmul', p)) / 1e9 for p in mats}
+    baseline = times[next(iter(times))]
     rows = []
     for key, sec in times.items():
         name, runtime, precision = key
@@ -135,7 +135,8 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
         except ValueError:  # another network (e.g. a ResNet peer): other shapes
             err = None
         rows.append(dict(backbone=f'{family} {arch}', impl=name, runtime=runtime, precision=precision, seconds=sec,
-                         gflops=flops / sec / 1e9, ratio=baseline / sec, rel_err=err, model_gflop=flops / 1e9))
+                         gflops=flops / sec / 1e9, ratio=baseline / sec, rel_err=err, model_gflop=flops / 1e9,
+                         peak_gflops=peaks.get(precision)))
     return rows
 
 
@@ -165,7 +166,7 @@ def whole_model_rows(config: str, size, rounds: int) -> list[dict]:
     with torch.no_grad():
         times = interleaved({'whole': lambda: model.predict(x, [sample]), 'extract_feat': lambda: model.extract_feat(x)},
                             rounds)
-    return [dict(config=osp.basename(config), whole_seconds=times['whole'], extract_feat_seconds=times['extract_feat'],
+    return [dict(config=osp.basename(config), size=list(size), whole_seconds=times['whole'], extract_feat_seconds=times['extract_feat'],
                  extract_feat_share=times['extract_feat'] / times['whole'])]
 
 
@@ -178,7 +179,8 @@ def main(argv=None):
                    choices=['eager', 'onnxruntime', 'openvino'])
     p.add_argument('--bf16', choices=['auto', 'on', 'off'], default='auto',
                    help='bf16 autocast rows: auto = only where the CPU has bf16 kernels')
-    p.add_argument('--whole', nargs='*', default=[], help='configs whose whole-model inference is also timed')
+    p.add_argument('--whole', nargs='*', default=[],
+                   help='CONFIG[@HxW]: configs whose whole-model inference is also timed (at --size unless @HxW)')
     p.add_argument('--threads', type=int, default=None)
     p.add_argument('--json', default=None)
     args = p.parse_args(argv)
@@ -192,10 +194,7 @@ def main(argv=None):
     cpu = cpu_model()
     command = 'python tools/speed_table.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
     print(f'CPU: {cpu}; {torch.get_num_threads()} threads; torch {torch.__version__}\ncommand: {command}', flush=True)
-    peak = {'fp32': matmul_peak(torch.float32)}
-    if bf16:
-        peak['bf16 autocast'] = matmul_peak(torch.bfloat16)
-    print('4096x4096 matmul: ' + ', '.join(f'{k} {v:.0f} GFLOP/s' for k, v in peak.items())
+    print('4096x4096 matmul GFLOP/s is timed in the same rounds as each backbone (column "matmul peak")'
           + ('' if native_bf16 else '; this CPU has no bf16 kernels (bf16 rows only with --bf16 on, emulated)'),
           flush=True)
     rows = []
@@ -205,25 +204,28 @@ def main(argv=None):
             print(f'timing {family} {arch} at {size[0]}x{size[1]} ...', flush=True)
             rows += backbone_rows(family, arch, size, args.rounds, args.runtimes, bf16, workdir)
     print(f'\n| backbone ({size[0]}x{size[1]}, batch 1) | implementation | runtime | precision | ms | GFLOP/s | '
-          '% of matmul peak | speed vs first row | max rel. error vs plugin eager fp32 (- : another network) |')
-    print('|---|---|---|---|---|---|---|---|---|')
+          'matmul peak GFLOP/s | % of peak | speed vs first row | max rel. error vs plugin eager fp32 (- : another '
+          'network) |')
+    print('|---|---|---|---|---|---|---|---|---|---|')
     for r in rows:
-        pk = peak.get(r['precision'])
+        pk = r['peak_gflops']
         share = f'{100 * r["gflops"] / pk:.0f}%' if pk else '-'
         err = '-' if r['rel_err'] is None else f'{r["rel_err"]:.1e}'
         print(f'| {r["backbone"]} ({r["model_gflop"]:.0f} GFLOP) | {r["impl"]} | {r["runtime"]} | {r["precision"]} | '
-              f'{1000 * r["seconds"]:.0f} | {r["gflops"]:.0f} | {share} | {r["ratio"]:.2f}x | {err} |')
+              f'{1000 * r["seconds"]:.0f} | {r["gflops"]:.0f} | {pk or 0:.0f} | {share} | {r["ratio"]:.2f}x | {err} |')
     whole = []
-    for config in args.whole:
-        print(f'\ntiming the whole {osp.basename(config)} ...', flush=True)
-        whole += whole_model_rows(config, size, args.rounds)
+    for spec in args.whole:
+        config, _, at = spec.partition('@')
+        wsize = tuple(int(v) for v in at.lower().split('x')) if at else size
+        print(f'\ntiming the whole {osp.basename(config)} at {wsize[0]}x{wsize[1]} ...', flush=True)
+        whole += whole_model_rows(config, wsize, args.rounds)
     for r in whole:
-        print(f'{r["config"]}: whole inference {1000 * r["whole_seconds"]:.0f} ms, extract_feat (backbone + neck) '
+        print(f'{r["config"]} at {r["size"][0]}x{r["size"][1]}: whole inference {1000 * r["whole_seconds"]:.0f} ms, extract_feat (backbone + neck) '
               f'{1000 * r["extract_feat_seconds"]:.0f} ms = {100 * r["extract_feat_share"]:.0f}%: however fast the '
               f'backbone + neck, the whole model gains at most {1 / max(1 - r["extract_feat_share"], 1e-9):.1f}x')
     if args.json:
         with open(args.json, 'w') as f:
-            json.dump(dict(cpu=cpu, command=command, peak_gflops=peak, rows=rows, whole=whole), f, indent=2)
+            json.dump(dict(cpu=cpu, command=command, rows=rows, whole=whole), f, indent=2)
     return rows, whole
 
 
