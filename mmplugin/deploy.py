@@ -14,8 +14,8 @@ Parts (``image (B, C, H, W)`` in, a tuple of tensors out):
 * ``model``: segmentors (mmseg ``EncoderDecoder``: Semantic FPN, UperNet): ``(B, num_classes, H, W)`` logits,
   i.e. the decode head's output resized to the input like ``EncoderDecoder.encode_decode``; single-stage
   detectors: the dense head's raw maps (per level class scores, box deltas, ...). Two-stage detectors need NMS
-  and RoIAlign custom ops: use mmdeploy (README, Deploy: what works with this stack), or export
-  ``backbone+neck``.
+  and RoIAlign: export them end to end with mmdeploy (``tools/export_mmdeploy.py``,
+  :mod:`mmplugin.mmdeploy_compat`), or export ``backbone+neck``.
 """
 from __future__ import annotations
 
@@ -141,7 +141,8 @@ class ExportPart(nn.Module):
             else:
                 raise ValueError(
                     f"part 'model' is not exportable for {type(model).__name__}: its predictions need NMS / RoIAlign "
-                    "custom ops. Use mmdeploy's onnxruntime pipeline (see README, Deploy) or --part backbone+neck")
+                    "custom ops. Use mmdeploy's onnxruntime pipeline (tools/export_mmdeploy.py) or "
+                    "--part backbone+neck")
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         feats = self.backbone(x)

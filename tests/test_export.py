@@ -198,6 +198,9 @@ def test_export_cli_help():
     out = subprocess.run([sys.executable, 'tools/export.py', '--help'], cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0 and '--part' in out.stdout
+    out = subprocess.run([sys.executable, 'tools/export_mmdeploy.py', '--help'], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and '--deploy-cfg' in out.stdout
 
 
 # ---------------------------------------------------------------------------------------------------- compile
@@ -300,3 +303,58 @@ def test_native_low_precision_cpu_flags():
         assert deploy.native_low_precision('cpu') is None
     if flags & {'avx512_bf16', 'amx_bf16'}:
         assert deploy.native_low_precision('cpu') is torch.bfloat16
+
+
+# ---------------------------------------------------------------------------------------------------- mmdeploy
+def _tiny_two_stage(config: str, seed: int = 0) -> torch.nn.Module:
+    """A config's detector with a tiny backbone and 32-channel heads: default init (sane boxes), classification
+    layers widened so that scores spread over (0, 1) and detections pass score_thr."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmdet.registry import MODELS
+    cfg = Config.fromfile(osp.join(ROOT, 'configs', config))
+    init_default_scope('mmdet')
+    m = cfg.model
+    if 'swin' in config:
+        m.backbone.update(arch=SWIN_ARCH, drop_path_rate=0., init_cfg=None)
+        m.neck.in_channels = [32, 64, 128, 256]
+    else:
+        m.backbone.update(arch=dict(depths=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48]), init_cfg=None)
+        m.neck.in_channels = [16, 24, 32, 48]
+    m.neck.out_channels = m.rpn_head.in_channels = m.rpn_head.feat_channels = 32
+    for key in ('bbox_roi_extractor', 'mask_roi_extractor'):
+        m.roi_head[key].out_channels = 32
+    for head in m.roi_head.bbox_head if isinstance(m.roi_head.bbox_head, list) else [m.roi_head.bbox_head]:
+        head.update(in_channels=32, fc_out_channels=64, conv_out_channels=32, norm_cfg=None)
+    for head in m.roi_head.mask_head if isinstance(m.roi_head.mask_head, list) else [m.roi_head.mask_head]:
+        head.update(in_channels=32, conv_out_channels=32)
+    torch.manual_seed(seed)
+    model = MODELS.build(m)
+    model.init_weights()
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if 'rpn_cls' in name or 'fc_cls' in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return model.eval()
+
+
+@pytest.mark.parametrize('config', [
+    'swin_t_maskrcnn_1x.py',  # Swin V1: explicit SDPA scale (mmdeploy's rewriter got it wrong)
+    pytest.param('swiftformer_xs_maskrcnn.py', marks=pytest.mark.slow),
+    pytest.param('swin_t_cascade_maskrcnn_3x.py', marks=pytest.mark.slow),  # class-specific cascade regression
+])
+def test_mmdeploy_end2end_parity(config, tmp_path):
+    """mmdeploy (onnxruntime, dynamic sizes, mmplugin.mmdeploy_compat) against mmdet's predict: same detections
+    (boxes within 1e-3 relative, same labels) and masks (IoU > 0.99) at sizes other than the export size."""
+    pytest.importorskip('mmdeploy')
+    from mmplugin.mmdeploy_compat import end2end_parity, export_end2end
+    model = _tiny_two_stage(config)
+    path = export_end2end(model, osp.join(ROOT, 'configs/deploy/maskrcnn_onnxruntime_dynamic.py'),
+                          torch.randn(1, 3, 96, 128), str(tmp_path / 'end2end.onnx'))
+    sess = deploy.onnx_session(path)
+    g = torch.Generator().manual_seed(0)
+    for shape in [(1, 3, 97, 131), (1, 3, 160, 224)]:
+        r = end2end_parity(model, sess, torch.randn(*shape, generator=g))
+        assert r['num_torch'] >= 5 and r['num_onnx'] == r['num_torch'] == r['matched'], (shape, r)
+        assert r['box_err'] <= 1e-3 and r['score_err'] <= 1e-4 and r['mask_iou'] > 0.99, (shape, r)

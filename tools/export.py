@@ -8,8 +8,8 @@ Exporter: ``torch.onnx.export(dynamo=True)`` (torch.export capture + onnxscript)
 :mod:`mmplugin.deploy`. The graph's input ``input`` is the image after the model's data preprocessor (mean/std
 normalised, RGB, float32, ``(B, 3, H, W)``, any B, H, W); outputs are ``out0 ...``. ``--part model`` is
 supported for segmentors (logits at the input size) and single-stage detectors (raw head maps); two-stage
-detectors (Mask R-CNN, Cascade) need mmdeploy (README, Deploy). Without CHECKPOINT the weights are random
-(useful to check exportability). Exits 1 when any ``--verify`` size differs by more than ``--tol`` (relative).
+detectors (Mask R-CNN, Cascade) go through mmdeploy: tools/export_mmdeploy.py. Without CHECKPOINT the weights
+are random (useful to check exportability). Exits 1 when any ``--verify`` size differs by more than ``--tol`` (relative).
 """
 from __future__ import annotations
 
