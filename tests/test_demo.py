@@ -17,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DET = 'configs/demo/swiftformer_xs_maskrcnn_shapes.py'
 SEG = 'configs/demo/swiftformer_xs_semfpn_shapes.py'
+SEG_FT = 'configs/demo/swiftformer_xs_semfpn_shapes_ft.py'  # what tools/demo.sh trains: backbone from DET
 R18 = 'configs/demo/r18_maskrcnn_shapes.py'
 PALETTE = [(220, 20, 60), (0, 160, 0), (30, 60, 230)]
 CLASSES = ('circle', 'rectangle', 'triangle')
@@ -183,12 +184,51 @@ def test_demo_detector_short_run(tmp_path, tiny, config, capsys):
     assert 'missing' not in summary, summary
 
 
+def _detector_checkpoint(path: Path) -> dict:
+    """A demo detector's whole-model checkpoint as tools/train.py writes it; returns its state dict."""
+    import torch
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmdet.registry import MODELS
+
+    import mmplugin  # noqa: F401
+    init_default_scope('mmdet')
+    torch.manual_seed(0)
+    det = MODELS.build(Config.fromfile(str(ROOT / DET)).model)
+    sd = det.state_dict()
+    torch.save({'meta': {'iter': 800}, 'state_dict': sd}, path)
+    return sd
+
+
+def test_finetune_config_starts_from_the_detector_backbone(tmp_path):
+    """The segmentor demo.sh trains loads the detector checkpoint's backbone.* weights exactly, weights-only."""
+    import torch
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+    det_sd = _detector_checkpoint(tmp_path / 'det.pth')
+    cfg = Config.fromfile(str(ROOT / SEG_FT))
+    assert cfg.model.backbone.init_cfg.checkpoint == 'work_dirs/demo/det/iter_800.pth'  # DET's last iteration
+    assert Config.fromfile(str(ROOT / DET)).train_cfg.max_iters == 800
+    cfg.model.backbone.init_cfg.checkpoint = str(tmp_path / 'det.pth')
+    init_default_scope('mmseg')
+    seg = MODELS.build(cfg.model)
+    seg.init_weights()
+    got = seg.backbone.state_dict()
+    assert got and all(torch.equal(v, det_sd['backbone.' + k]) for k, v in got.items())
+
+
 @pytest.mark.slow
-def test_demo_segmentor_short_run(tmp_path, tiny, capsys):
+@pytest.mark.parametrize('config', [SEG, SEG_FT])
+def test_demo_segmentor_short_run(tmp_path, tiny, config, capsys):
     train, test, report_tool = _tool('train'), _tool('test'), _tool('demo_report')
-    cfg = str(ROOT / SEG)
+    cfg = str(ROOT / config)
+    init = []
+    if config == SEG_FT:  # as tools/demo.sh: the detector's checkpoint on the command line
+        _detector_checkpoint(tmp_path / 'det.pth')
+        init = [f'model.backbone.init_cfg.checkpoint={tmp_path / "det.pth"}']
     assert train.main([cfg, '--work-dir', str(tmp_path / 'seg'), '--cfg-options', *_seg_opts(tiny), *_SHORT,
-                       'train_dataloader.batch_size=2']) == 0
+                       'train_dataloader.batch_size=2', *init]) == 0
     ckpt = (tmp_path / 'seg/last_checkpoint').read_text().strip()
     assert test.main([cfg, ckpt, '--work-dir', str(tmp_path / 'seg_test'), '--cfg-options', *_seg_opts(tiny),
                       'test_dataloader.num_workers=0', 'test_dataloader.persistent_workers=False']) == 0
