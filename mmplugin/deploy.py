@@ -265,26 +265,34 @@ FAST_MODES = ('auto', 'bf16', 'fp16')
 _DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 
-def native_low_precision(device: torch.device | str = 'cpu') -> torch.dtype | None:
-    """The reduced-precision dtype ``device`` computes natively, or None.
+def native_dtypes(device: torch.device | str = 'cpu') -> set[torch.dtype]:
+    """Reduced-precision dtypes ``device`` computes in hardware.
 
-    CUDA: bf16 where supported (Ampere and newer), else fp16. CPU: bf16 where oneDNN has bf16 kernels (AVX512
-    cores; bf16 arithmetic in hardware with AVX512-BF16 / AMX, e.g. Sapphire Rapids, Zen 4); AVX2-only CPUs
-    emulate bf16 and run it several times slower than fp32, so they get None.
+    CUDA: fp16 always, bf16 from compute capability 8.0 (Ampere). CPU: bf16 with AVX512-BF16 or AMX (e.g. Sapphire
+    Rapids, Zen 4); other CPUs (AVX2, AVX512 without BF16) emulate it, slower than fp32.
     """
     device = torch.device(device)
     if device.type == 'cuda':
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if device.type == 'cpu' and torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return torch.bfloat16
-    return None
+        major = torch.cuda.get_device_capability(device)[0]
+        return {torch.float16, torch.bfloat16} if major >= 8 else {torch.float16}
+    if device.type == 'cpu' and (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
+        return {torch.bfloat16}
+    return set()
+
+
+def native_low_precision(device: torch.device | str = 'cpu') -> torch.dtype | None:
+    """The dtype ``--fast auto`` picks: bf16 where native (its range needs no loss scaling), else fp16 where
+    native, else None (fp32)."""
+    native = native_dtypes(device)
+    return torch.bfloat16 if torch.bfloat16 in native else (torch.float16 if native else None)
 
 
 def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.device | str = 'cpu'):
     """Run ``model.extract_feat`` (backbone + neck) under autocast in reduced precision; returns the dtype or None.
 
-    The features are cast back to fp32 before the heads: mmcv's RoIAlign / NMS CPU kernels and the loss-free
-    post-processing stay fp32 (they take a small share of the time; measured in the README, Deploy). ``mode``:
+    The features are cast back to fp32 before the heads: mmcv's RoIAlign / NMS CPU kernels and the post-processing
+    stay fp32 (on a CPU they are about half the time of a Swin-T Mask R-CNN, which bounds the gain: README, Deploy).
+    ``mode``:
     ``'auto'`` = :func:`native_low_precision` (a warning and fp32 where the device has none), ``'bf16'`` /
     ``'fp16'`` = that dtype even where it is emulated (to measure its accuracy cost). Works for mmdet detectors
     and mmseg segmentors (both route images through ``extract_feat``); the model's weights stay fp32, so
@@ -306,7 +314,7 @@ def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.de
             return None
     else:
         dtype = _DTYPES[mode]
-        if dtype != native_low_precision(device):
+        if dtype not in native_dtypes(device):
             warnings.warn(f'--fast {mode}: {device.type} has no native {mode} kernels; it runs emulated (slower than '
                           'fp32). Useful to measure the accuracy cost only', stacklevel=2)
     plain = model.extract_feat

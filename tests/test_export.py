@@ -254,7 +254,7 @@ def test_fast_inference_backbone_neck_low_precision_heads_fp32(monkeypatch):
         ref = model.extract_feat(x)
     seen = []
     model.backbone.register_forward_hook(lambda m, i, o: seen.extend(t.dtype for t in o))
-    monkeypatch.setattr(deploy, 'native_low_precision', lambda device='cpu': None)
+    monkeypatch.setattr(deploy, 'native_dtypes', lambda device='cpu': set())
     with pytest.warns(UserWarning, match='emulated'):
         assert deploy.enable_fast_inference(model, 'bf16') is torch.bfloat16
     with torch.no_grad():
@@ -290,8 +290,8 @@ def test_fast_inference_auto_follows_the_hardware(monkeypatch):
 
 
 def test_native_low_precision_cpu_flags():
-    """CPU: no bf16 where the processor lacks bf16 instructions (AVX2-only CPUs emulate it, several times slower
-    than fp32); the reference is the kernel's own flag list, not oneDNN."""
+    """CPU: bf16 only where the processor has bf16 instructions (AVX512-BF16 / AMX); the reference is the kernel's
+    own flag list, not torch."""
     flags = set()
     if osp.exists('/proc/cpuinfo'):
         for line in open('/proc/cpuinfo'):
@@ -299,10 +299,10 @@ def test_native_low_precision_cpu_flags():
                 flags |= set(line.split(':', 1)[1].split())
     if not flags:
         pytest.skip('no /proc/cpuinfo flags on this platform')
-    if not flags & {'avx512_bf16', 'amx_bf16', 'avx512bw'}:
-        assert deploy.native_low_precision('cpu') is None
     if flags & {'avx512_bf16', 'amx_bf16'}:
         assert deploy.native_low_precision('cpu') is torch.bfloat16
+    else:  # AVX2, and AVX512 without BF16: emulated bf16, so --fast auto stays fp32
+        assert deploy.native_low_precision('cpu') is None and deploy.native_dtypes('cpu') == set()
 
 
 # ---------------------------------------------------------------------------------------------------- mmdeploy

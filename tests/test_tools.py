@@ -216,6 +216,7 @@ def test_kill_and_resume_then_test(tmp_path, demo_data):
     out = run('tools/test.py', DEMO_SEG, str(work / 'iter_24.pth'), '--work-dir', str(tmp_path / 'test_bf16'),
               '--fast', 'bf16', '--cfg-options', *_data_opts(demo_data, 'seg'), timeout=900)
     miou_bf16 = float(re.search(r"'mIoU': ([\d.]+)", out.stdout).group(1))
+    assert '--fast bf16: backbone + neck in torch.bfloat16' in out.stdout
     assert abs(miou_bf16 - miou) <= 5.0, (miou, miou_bf16)  # a 24-iteration model: many pixels near a tie
     png = tmp_path / 'seg.png'
     out = run('tools/infer.py', DEMO_SEG, str(work / 'iter_24.pth'),
@@ -224,6 +225,7 @@ def test_kill_and_resume_then_test(tmp_path, demo_data):
     from mmplugin.deploy import native_low_precision
     if native_low_precision('cpu') is None:  # --fast (auto) on a CPU without bf16 kernels: says it runs fp32
         assert 'running fp32' in out.stderr, out.stderr[-2000:]
+        assert '--fast auto: backbone + neck in torch.float32' in out.stdout
 
 
 def test_resume_skips_truncated_latest_checkpoint(tmp_path):

@@ -61,7 +61,14 @@ run_filtered "$OUT/data.log" 'written' "$PY" tools/make_demo_data.py --root data
 
 step "training SwiftFormer-XS Mask R-CNN from scratch (${DEMO_ITERS:-configured} iterations)"
 extra=()
-[ -n "${DEMO_ITERS:-}" ] && extra=(--cfg-options "train_cfg.max_iters=$DEMO_ITERS" "train_cfg.val_interval=$DEMO_ITERS")
+# the decay ends with the run when it outlasts the warm-up: cosine after 50 iterations (detector), poly after 20
+# (segmentor); shorter runs keep the configured schedule (mmengine needs begin < end)
+if [ -n "${DEMO_ITERS:-}" ]; then
+  extra=(--cfg-options "train_cfg.max_iters=$DEMO_ITERS" "train_cfg.val_interval=$DEMO_ITERS")
+  if [ "$DEMO_ITERS" -gt 50 ]; then
+    extra+=("param_scheduler.1.end=$DEMO_ITERS" "param_scheduler.1.T_max=$(( DEMO_ITERS - 50 ))")
+  fi
+fi
 run_filtered "$OUT/det_train.log" 'Iter\(train\)|bbox_mAP|segm_mAP' "$PY" tools/train.py "$DET_CFG" --work-dir "$OUT/det" ${extra[@]+"${extra[@]}"}
 ckpt="$(cat "$OUT/det/last_checkpoint")"
 
@@ -76,7 +83,10 @@ runs=(--run "Mask R-CNN (detector)=$OUT/det")
 if [ -z "${DEMO_SKIP_SEG:-}" ]; then
   step "training SwiftFormer-XS Semantic FPN, backbone from the detector (${DEMO_SEG_ITERS:-configured} iterations)"
   extra=(--cfg-options "model.backbone.init_cfg.checkpoint=$ckpt")
-  [ -n "${DEMO_SEG_ITERS:-}" ] && extra+=("train_cfg.max_iters=$DEMO_SEG_ITERS" "train_cfg.val_interval=$DEMO_SEG_ITERS")
+  if [ -n "${DEMO_SEG_ITERS:-}" ]; then
+    extra+=("train_cfg.max_iters=$DEMO_SEG_ITERS" "train_cfg.val_interval=$DEMO_SEG_ITERS")
+    if [ "$DEMO_SEG_ITERS" -gt 20 ]; then extra+=("param_scheduler.1.end=$DEMO_SEG_ITERS"); fi
+  fi
   run_filtered "$OUT/seg_train.log" 'Iter\(train\)|mIoU' "$PY" tools/train.py "$SEG_CFG" --work-dir "$OUT/seg" ${extra[@]+"${extra[@]}"}
   seg_ckpt="$(cat "$OUT/seg/last_checkpoint")"
   step "evaluating the segmentor (mIoU)"

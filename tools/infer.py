@@ -53,7 +53,8 @@ def main(argv=None) -> int:
                    help='torch.compile the backbone and neck (fullgraph, dynamic shapes); pays off on GPUs')
     p.add_argument('--fast', nargs='?', const='auto', choices=('auto', 'bf16', 'fp16'), default=None,
                    help='backbone + neck in reduced precision, heads fp32 (auto: bf16 on CPUs with AVX512-BF16/AMX '
-                        'and on recent GPUs, fp16 on older GPUs; fp32 with a warning elsewhere)')
+                        'and on Ampere+ GPUs, fp16 on older GPUs; fp32 with a warning elsewhere). Before positional '
+                        'arguments write --fast=MODE')
     args = p.parse_args(argv)
     import mmplugin  # noqa: F401
     from mmplugin.checkpoint import CheckpointError, is_url, load_checkpoint_file
@@ -87,7 +88,8 @@ def main(argv=None) -> int:
         meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
         model.dataset_meta = meta or DATASETS.build(dict(cfg.test_dataloader.dataset, lazy_init=True)).metainfo
         if args.fast:
-            enable_fast_inference(model, args.fast, args.device)
+            dtype = enable_fast_inference(model, args.fast, args.device)
+            print(f'--fast {args.fast}: backbone + neck in {dtype or "torch.float32"}, heads in torch.float32')
         if args.compile:
             compile_backbone_and_neck(model)
         result = inference_model(model, args.image)
@@ -99,7 +101,8 @@ def main(argv=None) -> int:
         from mmdet.visualization import DetLocalVisualizer
         model = init_detector(cfg, args.checkpoint, device=args.device)
         if args.fast:
-            enable_fast_inference(model, args.fast, args.device)
+            dtype = enable_fast_inference(model, args.fast, args.device)
+            print(f'--fast {args.fast}: backbone + neck in {dtype or "torch.float32"}, heads in torch.float32')
         if args.compile:
             compile_backbone_and_neck(model)
         result = inference_detector(model, args.image)

@@ -134,9 +134,10 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
             err = deploy.max_rel_error(outs[fns[key]], ref)
         except ValueError:  # another network (e.g. a ResNet peer): other shapes
             err = None
+        same = err is not None  # another network (other outputs) has other FLOPs: no GFLOP/s for it
         rows.append(dict(backbone=f'{family} {arch}', impl=name, runtime=runtime, precision=precision, seconds=sec,
-                         gflops=flops / sec / 1e9, ratio=baseline / sec, rel_err=err, model_gflop=flops / 1e9,
-                         peak_gflops=peaks.get(precision)))
+                         gflops=flops / sec / 1e9 if same else None, ratio=baseline / sec, rel_err=err,
+                         model_gflop=flops / 1e9, peak_gflops=peaks.get(precision)))
     return rows
 
 
@@ -208,11 +209,12 @@ def main(argv=None):
           'network) |')
     print('|---|---|---|---|---|---|---|---|---|---|')
     for r in rows:
-        pk = r['peak_gflops']
-        share = f'{100 * r["gflops"] / pk:.0f}%' if pk else '-'
+        pk, gf = r['peak_gflops'], r['gflops']
+        share = f'{100 * gf / pk:.0f}%' if pk and gf else '-'
         err = '-' if r['rel_err'] is None else f'{r["rel_err"]:.1e}'
         print(f'| {r["backbone"]} ({r["model_gflop"]:.0f} GFLOP) | {r["impl"]} | {r["runtime"]} | {r["precision"]} | '
-              f'{1000 * r["seconds"]:.0f} | {r["gflops"]:.0f} | {pk or 0:.0f} | {share} | {r["ratio"]:.2f}x | {err} |')
+              f'{1000 * r["seconds"]:.0f} | {"-" if gf is None else f"{gf:.0f}"} | {pk or 0:.0f} | {share} | '
+              f'{r["ratio"]:.2f}x | {err} |')
     whole = []
     for spec in args.whole:
         config, _, at = spec.partition('@')

@@ -32,7 +32,8 @@ def parse_args(argv=None):
                    help='torch.compile the backbone and neck (fullgraph, dynamic shapes); pays off on GPUs')
     p.add_argument('--fast', nargs='?', const='auto', choices=('auto', 'bf16', 'fp16'), default=None,
                    help='backbone + neck in reduced precision, heads fp32 (auto: bf16 on CPUs with AVX512-BF16/AMX '
-                        'and on recent GPUs, fp16 on older GPUs; fp32 with a warning elsewhere)')
+                        'and on Ampere+ GPUs, fp16 on older GPUs; fp32 with a warning elsewhere). Before positional '
+                        'arguments write --fast=MODE')
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
     p.add_argument('--allow-partial', action='store_true',
                    help='evaluate even if the checkpoint does not fit the model (missing keys stay random)')
@@ -107,7 +108,8 @@ def main(argv=None) -> int:
         model = model.module  # the detector / segmentor inside the TTA wrapper
     if args.fast:
         from mmplugin.deploy import enable_fast_inference
-        enable_fast_inference(model, args.fast, next(model.parameters()).device)
+        dtype = enable_fast_inference(model, args.fast, next(model.parameters()).device)
+        print(f'--fast {args.fast}: backbone + neck in {dtype or "torch.float32"}, heads in torch.float32')
     if args.compile:
         from mmplugin.deploy import compile_backbone_and_neck
         compile_backbone_and_neck(model)  # in place: the checkpoint's keys still match
