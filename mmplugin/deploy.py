@@ -30,12 +30,13 @@ PARTS = ('backbone', 'backbone+neck', 'model')
 DEFAULT_OPSET = 18
 
 
-def _flatten(out) -> tuple[torch.Tensor, ...]:
+def flatten_outputs(out) -> tuple[torch.Tensor, ...]:
+    """The tensors of a (nested) tuple / list of outputs, in order: what an exported graph returns."""
     if isinstance(out, torch.Tensor):
         return (out, )
     flat = []
     for o in out:
-        flat.extend(_flatten(o))
+        flat.extend(flatten_outputs(o))
     return tuple(flat)
 
 
@@ -155,7 +156,7 @@ class ExportPart(nn.Module):
         if self.kind == 'segmentor':
             logits = self.head(feats)
             return (F.interpolate(logits, size=x.shape[2:], mode='bilinear', align_corners=self.head.align_corners), )
-        return _flatten(self.head(feats))
+        return flatten_outputs(self.head(feats))
 
 
 def example_input(batch: int = 2, size: tuple[int, int] = (224, 256), channels: int = 3) -> torch.Tensor:
@@ -181,7 +182,7 @@ def export_onnx(module: nn.Module, out: str, example: torch.Tensor | None = None
     module = module.eval()
     example = example_input() if example is None else example
     with torch.no_grad():
-        n_out = len(_flatten(module(example)))
+        n_out = len(flatten_outputs(module(example)))
     names = [f'{output_prefix}{i}' for i in range(n_out)]
     dyn = {0: Dim.DYNAMIC, 2: Dim.DYNAMIC, 3: Dim.DYNAMIC}
     try:
@@ -227,7 +228,7 @@ def onnx_parity(module: nn.Module, path: str, shapes: Sequence[tuple[int, int, i
     for shape in shapes:
         x = torch.randn(*shape, generator=g)
         with torch.no_grad():
-            ref = _flatten(module(x))
+            ref = flatten_outputs(module(x))
         got = sess.run(None, {'input': x.numpy()})
         errs[tuple(shape)] = max_rel_error([torch.from_numpy(o) for o in got], ref)
     return errs

@@ -254,3 +254,15 @@ def test_two_process_cpu_ddp_with_frozen_stages(tmp_path, demo_data):
     assert 'distributed training: true' in log.lower(), log[-3000:]
     assert (work / 'iter_4.pth').exists()
     assert 'Expected to have finished reduction' not in log
+
+
+def test_interleaved_timing_alternates_and_takes_the_median(monkeypatch):
+    """One warm-up per function, then rounds that call each function once in turn; the median of the rounds."""
+    import mmplugin.utils.timing as timing
+    calls, clock = [], iter([0.0, 1.0, 1.0, 3.0, 3.0, 3.5, 3.5, 7.5, 7.5, 8.5, 8.5, 8.75])
+    monkeypatch.setattr(timing.time, 'perf_counter', lambda: next(clock))
+    got = timing.interleaved({'a': lambda: calls.append('a'), 'b': lambda: calls.append('b')}, rounds=3)
+    assert calls == ['a', 'b'] + ['a', 'b'] * 3
+    assert got == {'a': 1.0, 'b': 2.0}  # a: 1, 0.5, 1 -> 1; b: 2, 4, 0.25 -> 2
+    with pytest.raises(ValueError, match='rounds'):
+        timing.interleaved({'a': lambda: None}, rounds=0)

@@ -19,10 +19,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 import torch
 
@@ -52,20 +50,18 @@ def _sync(device):
 
 def time_models(models: dict, size, device, rounds: int, batch: int = 1, dtype=None) -> dict[str, float]:
     """Median seconds per eval forward for each model, rounds interleaved across models."""
+    from mmplugin.utils.timing import interleaved
     x = torch.randn(batch, 3, *size, device=device)
-    times: dict[str, list[float]] = {k: [] for k in models}
     ctx = torch.autocast(device.type, dtype=dtype) if dtype else torch.autocast(device.type, enabled=False)
-    with torch.inference_mode(), ctx:
-        for m in models.values():  # warm-up
+
+    def call(m):
+        def fn():
             m(x)
-        for _ in range(rounds):
-            for name, m in models.items():
-                _sync(device)
-                t = time.perf_counter()
-                m(x)
-                _sync(device)
-                times[name].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}
+            _sync(device)
+        return fn
+
+    with torch.inference_mode(), ctx:
+        return interleaved({name: call(m) for name, m in models.items()}, rounds)
 
 
 def _peak_memory_child(family, arch, name, size, with_cp, device_str):

@@ -73,8 +73,6 @@ def build_model(cfg, checkpoint: str | None):
                              'is it trained with this config?')
         if unexpected:
             print(f'note: ignored {len(unexpected)} checkpoint keys not in the model (e.g. {unexpected[:3]})')
-    else:
-        print('note: no CHECKPOINT given: random weights (export and parity are still checked)')
     return model.eval().to(torch.float32)
 
 
@@ -95,6 +93,8 @@ def main(argv=None) -> int:
         cfg.merge_from_dict(args.cfg_options)
     try:
         model = build_model(cfg, args.checkpoint)
+        if not args.checkpoint:
+            print('note: no CHECKPOINT given: random weights (export and parity are still checked)')
         part = ExportPart(model, args.part).eval()
         b, h, w = args.example
         example = example_input(b, (h, w), channels=getattr(part.backbone, 'in_channels', 3))

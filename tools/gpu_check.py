@@ -118,7 +118,7 @@ def main(argv=None) -> int:
     p.add_argument('--json', default=None, help='write the report here as JSON')
     p.add_argument('--cpu-smoke', action='store_true', help='run on CPU at 64x96, 1 fp32 step of Swin-T (CI)')
     p.add_argument('--precisions', nargs='+', default=None, choices=['fp16', 'bf16', 'fp32'],
-                   help='default: fp16 and bf16 on GPU')
+                   help='default: the reduced precisions the GPU runs natively (fp16; bf16 from sm80)')
     args = p.parse_args(argv)
     import torch
 
@@ -130,7 +130,9 @@ def main(argv=None) -> int:
         return 0
     else:
         device, steps, names = torch.device('cuda'), args.steps, list(MODELS)
-        precisions = args.precisions or ['fp16', 'bf16']
+        from mmplugin.deploy import native_dtypes  # one place decides what the hardware runs natively
+        native = native_dtypes(device)
+        precisions = args.precisions or [n for n, d in (('fp16', torch.float16), ('bf16', torch.bfloat16)) if d in native]
         size = tuple(int(v) for v in args.size.lower().split('x'))
         print(f'gpu_check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, '
               f'batch {args.batch} x {size[0]}x{size[1]}, {steps} steps')

@@ -24,7 +24,6 @@ import json
 import os
 import os.path as osp
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,6 +33,9 @@ import torch
 
 sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+
+from mmplugin.deploy import flatten_outputs  # noqa: E402
+from mmplugin.utils.timing import interleaved  # noqa: E402
 
 
 def cpu_model() -> str:
@@ -49,23 +51,6 @@ def cpu_model() -> str:
         return platform.processor() or 'unknown CPU'
 
 
-def interleaved(fns: dict, rounds: int) -> dict[str, float]:
-    """Median seconds per call of each zero-argument function, one warm-up, rounds interleaved across functions."""
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(rounds):
-        for k, fn in fns.items():
-            t = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
-def _tuple(out):
-    return tuple(out) if isinstance(out, (tuple, list)) else (out, )
-
-
 def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: bool, workdir: str) -> list[dict]:
     from mmplugin import deploy
     from mmplugin.models.backbones.base import get_family
@@ -79,13 +64,13 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
     from get_flops import complexity  # the FLOP count of tools/get_flops.py (SDPA products included)
     flops = 2e9 * complexity(family, arch, size)[1]
     with torch.no_grad():
-        ref = _tuple(ours(x))
+        ref = flatten_outputs(ours(x))
     fns, outs = {}, {}
 
     def eager(m, dtype=None):
         def fn():
             with torch.no_grad(), torch.autocast('cpu', dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-                outs[fn] = _tuple(m(x))
+                outs[fn] = flatten_outputs(m(x))
         return fn
 
     for name, m in peers.items():
@@ -144,16 +129,14 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
 def whole_model_rows(config: str, size, rounds: int) -> list[dict]:
     """Whole-model eval time and the share spent in ``extract_feat`` (random weights, thresholds at 0)."""
     from mmengine.config import Config
-    from mmengine.registry import MODELS, init_default_scope
+
+    from export import build_model  # the same builder as tools/export.py (scope, no pretrained weights)
     cfg = Config.fromfile(config)
     scope = cfg.get('default_scope', 'mmdet')
-    init_default_scope(scope)
-    cfg.model.get('backbone', {}).pop('init_cfg', None)
-    cfg.model.pop('pretrained', None)
     if cfg.model.get('test_cfg', {}).get('rcnn') is not None:
         cfg.model.test_cfg.rcnn.score_thr = 0.0  # the heads see the full number of boxes a trained model would
     torch.manual_seed(0)
-    model = MODELS.build(cfg.model).eval()
+    model = build_model(cfg, None)
     h, w = size
     x = torch.randn(1, 3, h, w)
     meta = dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w), batch_input_shape=(h, w),

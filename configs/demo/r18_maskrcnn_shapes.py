@@ -1,5 +1,6 @@
 # The README's A/B: the demo detector recipe (configs/demo/swiftformer_xs_maskrcnn_shapes.py, nothing else changed)
-# with mmdet's ResNet-18 (BN, from scratch) in place of SwiftFormer-XS. tools/demo.sh does not run it:
+# with mmdet's ResNet-18 (BN, from scratch) in place of SwiftFormer-XS: the same stride-8/16/32 outputs into the same
+# FPN and heads. tools/demo.sh does not run it:
 #   python tools/train.py configs/demo/r18_maskrcnn_shapes.py --work-dir work_dirs/demo_r18
 _base_ = ['./swiftformer_xs_maskrcnn_shapes.py']
 model = dict(
