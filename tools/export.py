@@ -50,8 +50,12 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def build_model(cfg, checkpoint: str | None):
-    """Build ``cfg.model`` in its own scope (mmdet / mmseg) in eval mode, with weights-only checkpoint loading."""
+def build_model(cfg, checkpoint: str | None, announce_random: bool = True):
+    """Build ``cfg.model`` in its own scope (mmdet / mmseg) in eval mode, with weights-only checkpoint loading.
+
+    Without ``checkpoint`` the weights stay random; ``announce_random`` says so (export tools), timing tools pass
+    False.
+    """
     import torch
     from mmengine.registry import MODELS, init_default_scope
 
@@ -73,6 +77,8 @@ def build_model(cfg, checkpoint: str | None):
                              'is it trained with this config?')
         if unexpected:
             print(f'note: ignored {len(unexpected)} checkpoint keys not in the model (e.g. {unexpected[:3]})')
+    elif announce_random:
+        print('note: no CHECKPOINT given: random weights (export and parity are still checked)')
     return model.eval().to(torch.float32)
 
 
@@ -93,8 +99,6 @@ def main(argv=None) -> int:
         cfg.merge_from_dict(args.cfg_options)
     try:
         model = build_model(cfg, args.checkpoint)
-        if not args.checkpoint:
-            print('note: no CHECKPOINT given: random weights (export and parity are still checked)')
         part = ExportPart(model, args.part).eval()
         b, h, w = args.example
         example = example_input(b, (h, w), channels=getattr(part.backbone, 'in_channels', 3))

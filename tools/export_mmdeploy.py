@@ -88,8 +88,6 @@ def main(argv=None) -> int:
         return 2
     try:
         model = build_model(cfg, args.checkpoint)
-        if not args.checkpoint:
-            print('note: no CHECKPOINT given: random weights (export and parity are still checked)')
     except (ValueError, CheckpointError) as err:
         print(f'error: {err}', file=sys.stderr)
         return 2

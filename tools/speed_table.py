@@ -136,7 +136,7 @@ def whole_model_rows(config: str, size, rounds: int) -> list[dict]:
     if cfg.model.get('test_cfg', {}).get('rcnn') is not None:
         cfg.model.test_cfg.rcnn.score_thr = 0.0  # the heads see the full number of boxes a trained model would
     torch.manual_seed(0)
-    model = build_model(cfg, None)
+    model = build_model(cfg, None, announce_random=False)
     h, w = size
     x = torch.randn(1, 3, h, w)
     meta = dict(img_shape=(h, w), ori_shape=(h, w), pad_shape=(h, w), batch_input_shape=(h, w),
