@@ -1,30 +1,33 @@
 #!/usr/bin/env bash
 # The README's test command: set up (or reuse) .venv, then run the whole test suite. Extra args go to pytest.
 #
-# PyTorch and oneDNN choose kernels by instruction set at run time, so on a machine newer than AVX2 (AVX-512,
-# AVX512-BF16, AMX) the numeric tests (marker `numeric`: parity, non-finite, bf16, export parity) run a second
-# time on the AVX2 kernel family (ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY, see mmplugin/utils/cpu.py). With
-# extra pytest arguments only the first pass runs; MMPLUGIN_SECOND_ISA=0 skips the second pass.
+# PyTorch and oneDNN choose kernels by instruction set at run time. On a machine newer than AVX2 the numeric
+# tests (marker `numeric`: parity, non-finite, bf16, export parity) run again on each older kernel family that
+# `mmplugin/utils/cpu.py --lower-envs` names (AMX: AVX512-BF16 and AVX2; AVX-512: AVX2), capped with
+# ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY. With extra pytest arguments only the first pass runs;
+# MMPLUGIN_OLDER_ISAS=0 skips the other passes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/tools/setup_env.sh"
 cd "$ROOT"
 PY="$ROOT/.venv/bin/python"
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider)
+CPU=("$PY" "$ROOT/mmplugin/utils/cpu.py")  # standalone: no package import
+family() { env "$@" "${CPU[@]}" --family; }
 
-echo "[tests] pass 1: $("$PY" -m mmplugin.utils.cpu)"
+echo "[tests] all tests on: $("$PY" -m mmplugin.utils.cpu)"
 "${PYTEST[@]}" tests "$@"
-
-lower="$("$PY" -m mmplugin.utils.cpu --lower-env)"
-if [ $# -gt 0 ] || [ "${MMPLUGIN_SECOND_ISA:-1}" = 0 ]; then
+if [ $# -gt 0 ] || [ "${MMPLUGIN_OLDER_ISAS:-1}" = 0 ]; then
   exit 0
 fi
-if [ -z "$lower" ]; then
-  echo "[tests] this CPU has no kernel family newer than AVX2: the numeric tests ran once, on AVX2 (or older)"
-  exit 0
-fi
-# shellcheck disable=SC2086  # NAME=value pairs, split on purpose
-echo "[tests] pass 2 (numeric tests, older kernel family: $lower): $(env $lower "$PY" -m mmplugin.utils.cpu)"
-# shellcheck disable=SC2086
-env $lower "${PYTEST[@]}" -m numeric tests
-echo "[tests] kernel families exercised: $("$PY" -c 'from mmplugin.utils.cpu import kernel_family; print(kernel_family())') and $(env $lower "$PY" -c 'from mmplugin.utils.cpu import kernel_family; print(kernel_family())')"
+exercised="$(family)"
+while IFS= read -r lower; do
+  [ -n "$lower" ] || continue
+  # shellcheck disable=SC2086  # NAME=value pairs, split on purpose
+  echo "[tests] numeric tests again ($lower): $(env $lower "${CPU[@]}")"
+  # shellcheck disable=SC2086
+  env $lower "${PYTEST[@]}" -m 'numeric and not slow' tests
+  # shellcheck disable=SC2086
+  exercised="$exercised; $(family $lower)"
+done < <("${CPU[@]}" --lower-envs)
+echo "[tests] kernel families exercised: $exercised"

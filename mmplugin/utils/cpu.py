@@ -4,10 +4,10 @@ PyTorch (ATen's vectorised kernels) and oneDNN (convolutions, matmuls, bf16) pic
 set at run time, so the same code rounds differently, and treats non-finite values differently, on AVX2,
 AVX-512, AVX512-BF16 and AMX machines. ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` cap both at an older
 instruction set (never raise them), which lets one machine exercise two kernel families. The test runner uses
-:func:`lower_isa_env` to run the numeric tests a second time on the older family.
+:func:`lower_isa_envs` to run the numeric tests again on the older families.
 
-``python -m mmplugin.utils.cpu`` prints what this process runs; ``--lower-env`` prints the ``NAME=value`` pairs
-that select the next-lower family, or nothing on a machine that has only AVX2 (or less).
+``python -m mmplugin.utils.cpu`` (or the file itself: it imports only torch) prints what this process runs; ``--lower-envs`` prints, one line per older family,
+the ``NAME=value`` pairs that select it (nothing on a machine that has only AVX2 or less).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import platform
 
 import torch
 
-__all__ = ['cpu_flags', 'cpu_model', 'kernel_family', 'lower_isa_env', 'describe']
+__all__ = ['cpu_flags', 'cpu_model', 'kernel_family', 'lower_isa_envs', 'describe']
 
 # Families from newest to oldest: (name, cpuinfo flags that make it, the env that caps a process at it).
 _FAMILIES = (
@@ -64,52 +64,64 @@ def _hardware_family(flags: set[str]) -> int | None:
     return None
 
 
-def kernel_family() -> str:
-    """The newest family this process may use: the hardware's, capped by ``ONEDNN_MAX_CPU_ISA`` /
-    ``ATEN_CPU_CAPABILITY`` as set in the environment (e.g. ``'AVX2 (capped from AMX)'``)."""
+def _families_in_use() -> tuple[int, int] | None:
+    """(hardware family, family after the environment's cap) as indices into ``_FAMILIES``."""
     hw = _hardware_family(cpu_flags())
     if hw is None:
-        return f'{platform.machine()} (no AVX2)'
+        return None
     onednn = os.environ.get('ONEDNN_MAX_CPU_ISA', '').upper()
-    capped = hw
     for i, (_, _, env) in enumerate(_FAMILIES):
         if i >= hw and onednn and env.get('ONEDNN_MAX_CPU_ISA') == onednn:
-            capped = i
-            break
-    name = _FAMILIES[capped][0]
-    return name if capped == hw else f'{name} (capped from {_FAMILIES[hw][0]})'
+            return hw, i
+    return hw, hw
 
 
-def lower_isa_env() -> dict[str, str]:
-    """Environment that runs the AVX2 kernel family on a machine with a newer one; ``{}`` on an AVX2 machine.
+def kernel_family() -> str:
+    """The newest family this process may use: the hardware's, capped by ``ONEDNN_MAX_CPU_ISA`` as set in the
+    environment (e.g. ``'AVX2 (capped from AMX)'``)."""
+    fam = _families_in_use()
+    if fam is None:
+        return f'{platform.machine()} (no AVX2)'
+    hw, used = fam
+    name = _FAMILIES[used][0]
+    return name if used == hw else f'{name} (capped from {_FAMILIES[hw][0]})'
 
-    AVX2 is the oldest family PyTorch's x86 build vectorises for and the one most deployment CPUs share, so it is
-    the second family worth covering whatever the newest one is.
+
+def lower_isa_envs() -> list[dict[str, str]]:
+    """Environments that run older kernel families on this machine, newest first; ``[]`` on an AVX2 machine.
+
+    AMX machines get two: AVX512-BF16 (native bf16 without AMX tiles: the kernels of AVX-512 machines with bf16,
+    whose channels-last bf16 convolution is the one that leaks non-finite values) and AVX2. Every other machine
+    newer than AVX2 gets AVX2: the oldest family PyTorch's x86 build vectorises for, shared by most deployment
+    CPUs.
     """
     hw = _hardware_family(cpu_flags())
     avx2 = len(_FAMILIES) - 1
     if hw is None or hw >= avx2:
-        return {}
-    return dict(_FAMILIES[avx2][2])
+        return []
+    envs = [dict(_FAMILIES[1][2])] if hw == 0 else []
+    return envs + [dict(_FAMILIES[avx2][2])]
 
 
 def describe() -> str:
-    """One line: CPU model, kernel family in use, ATen's capability and whether oneDNN runs bf16 natively."""
-    try:
-        bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        bf16 = False
+    """One line: CPU model, kernel family in use, ATen's capability and whether bf16 runs natively."""
+    fam = _families_in_use()
+    bf16 = fam is not None and fam[1] <= 1  # AMX or AVX512-BF16 and not capped below
     return (f'{cpu_model()}; kernels: {kernel_family()}; ATen {torch.backends.cpu.get_cpu_capability()}; '
-            f'oneDNN native bf16: {"yes" if bf16 and "capped" not in kernel_family() else "no"}')
+            f'native bf16: {"yes" if bf16 else "no"}')
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('--lower-env', action='store_true',
-                        help='print NAME=value pairs selecting the AVX2 family (nothing on an AVX2 machine)')
+    parser.add_argument('--lower-envs', action='store_true',
+                        help='print one line of NAME=value pairs per older kernel family (nothing on AVX2)')
+    parser.add_argument('--family', action='store_true', help='print only the kernel family in use')
     args = parser.parse_args(argv)
-    if args.lower_env:
-        print(' '.join(f'{k}={v}' for k, v in lower_isa_env().items()))
+    if args.family:
+        print(kernel_family())
+    elif args.lower_envs:
+        for env in lower_isa_envs():
+            print(' '.join(f'{k}={v}' for k, v in env.items()))
     else:
         print(describe())
 
