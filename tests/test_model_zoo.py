@@ -106,7 +106,7 @@ def test_models_have_the_required_fields():
         assert m['Name'] == m['Name'].strip() and ' ' not in m['Name'], where
         assert m['Name'].startswith(Path(m['Config']).stem), f'{where}: the name starts with its config name'
         md = m['Metadata']
-        for key in ('Training Data', 'Batch Size', 'Architecture'):
+        for key in ('Training Data', 'Pretrain', 'Batch Size', 'Architecture'):
             assert md.get(key), f'{where}: Metadata without {key}'
         assert ('Epochs' in md) != ('Iterations' in md), f'{where}: Epochs or Iterations'
         if 'Weights' in m:
@@ -153,7 +153,7 @@ def test_metadata_matches_the_config():
             assert md['Epochs'] == cfg.train_cfg.max_epochs, m['Name']
         assert md['Batch Size'] == 8 * cfg.train_dataloader.batch_size, f"{m['Name']}: 8 GPUs x the per-GPU batch"
         dataset = 'ADE20K' if seg else 'COCO'
-        assert dataset in md['Training Data'], m['Name']
+        assert md['Training Data'] == dataset, m['Name']  # one string, as `mim search --dataset` matches it
         head = cfg.model.decode_head.type if seg else cfg.model.type
         assert METHODS[head] in md['Architecture'], (m['Name'], head)
         tasks = {r['Task'] for r in (m.get('Results') or []) + (m.get('Paper Results') or [])}
@@ -165,7 +165,8 @@ def test_metadata_matches_the_config():
             assert tasks == want, m['Name']
 
 
-def _upstream_metafile(package: str) -> dict[str, dict]:
+def _upstream_metafile(package: str) -> tuple[str, dict[str, dict]]:
+    """The installed package's version and its own Swin metafile's models by name."""
     mod = __import__(package)
     meta = Path(mod.__file__).parent / '.mim' / 'configs' / 'swin' / ('metafile.yml' if package == 'mmdet' else
                                                                         'metafile.yaml')
