@@ -33,7 +33,8 @@ TASKS = {'Object Detection': {'box AP'}, 'Instance Segmentation': {'mask AP'},
          'Semantic Segmentation': {'mIoU', 'mIoU(ms+flip)'}}
 # Source repositories of the published checkpoints: those that publish at a commit, and the OpenMMLab zoos (a
 # release, whose metafile ships inside the installed package).
-AT_COMMIT = {'SwinTransformer/Swin-Transformer-Object-Detection', 'SwinTransformer/Swin-Transformer-Semantic-Segmentation'}
+AT_COMMIT = {'SwinTransformer/Swin-Transformer-Object-Detection',
+             'SwinTransformer/Swin-Transformer-Semantic-Segmentation'}
 AT_RELEASE = {'open-mmlab/mmdetection': 'mmdet', 'open-mmlab/mmsegmentation': 'mmseg'}
 # Method names of metafile "Architecture" lists, by the model and head types the configs build.
 METHODS = {'MaskRCNN': 'Mask R-CNN', 'CascadeRCNN': 'Cascade Mask R-CNN', 'HybridTaskCascade': 'HTC++',
@@ -219,7 +220,8 @@ def test_every_config_builds_and_published_parameter_counts_hold():
         assert n > 1e6, m['Name']
         if 'Parameters' in m['Metadata']:
             published = _published_count(m['Metadata']['Parameters'])
-            assert abs(n - published) <= 0.5e6, f"{m['Name']}: {n / 1e6:.2f}M built, {m['Metadata']['Parameters']} published"
+            assert abs(n - published) <= 0.5e6, \
+                f"{m['Name']}: {n / 1e6:.2f}M built, {m['Metadata']['Parameters']} published"
         if 'FLOPs' in m['Metadata']:
             _published_count(m['Metadata']['FLOPs'])
     assert len(counts) == len({p for p in CONFIGS.glob('*.py')})
