@@ -84,7 +84,7 @@ auto_scale_lr = dict(enable=False, base_batch_size=16)
 # (czczup/ViT-Adapter, detection/configs/htc++/htc++_swin_large_patch4_window12_384_fpn_3x_coco_ms.py at 9fc8196:
 # MultiScaleFlipAug over shorter sides 600-1600 in steps of 200, longer side <= 3000, flip, soft-NMS 0.5). It merged
 # the views inside the mmdet 2.x HTC head (aug_test, with per-scale size ranges), which mmdet 3.x no longer has; here
-# mmplugin.MaskDetTTAModel merges the 12 views' detections (boxes and masks; mmdet's DetTTAModel drops the masks).
+# mmplugin.MaskDetTTAModel merges the 12 views' detections (boxes and masks; mmdet's DetTTAModel refuses masks).
 tta_model = dict(type='mmplugin.MaskDetTTAModel',
                  tta_cfg=dict(nms=dict(type='soft_nms', iou_threshold=0.5), max_per_img=100))
 tta_pipeline = [
