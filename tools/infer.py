@@ -126,7 +126,11 @@ def main(argv=None) -> int:
         infer = inference_model
     else:
         from mmdet.apis import inference_detector, init_detector
+        from mmdet.registry import DATASETS
         model = init_detector(cfg, args.checkpoint, device=args.device)
+        meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
+        if not meta:  # mmdet falls back to COCO's 80 names; the config's dataset names the classes
+            model.dataset_meta = DATASETS.build(dict(cfg.test_dataloader.dataset, lazy_init=True)).metainfo
         infer = inference_detector
     if args.fast:
         dtype = enable_fast_inference(model, args.fast, args.device)
