@@ -107,34 +107,31 @@ def configure_format_only(cfg, out_dir: str) -> list[str]:
 
 
 def configure_show_dir(cfg, show_dir: str) -> str:
-    """Draw every test prediction into ``show_dir`` (resolved against the current directory), for detectors and
-    segmentors alike; returns the folder the images land in.
+    """Draw every test prediction into ``show_dir`` (resolved against the current directory), one file per image
+    named after it, for detectors and segmentors alike; returns the folder.
 
-    mmdet's ``DetVisualizationHook`` writes to its ``test_out_dir`` (``<image name>`` per image). mmseg's
-    ``SegVisualizationHook`` has no output folder keyword: it hands each drawing to the visualizer, whose
-    ``LocalVisBackend`` writes ``<save_dir>/vis_data/vis_image/test_<image name>_<index>.png``; so ``save_dir`` of
-    the visualizer is set. A config without a visualisation hook (or visualizer) gets the library's own.
+    Detectors: mmdet's ``DetVisualizationHook`` (added when the config has none) with ``test_out_dir``.
+    Segmentors: :class:`mmplugin.utils.seg_test_vis.SegTestVisualizationHook` in place of mmseg's
+    ``SegVisualizationHook`` (whose test drawing has no folder keyword, skips all but every ``interval``-th batch and
+    needs the training dataloader), keeping its ``show`` / ``wait_time`` / ``backend_args``.
     """
     show_dir = osp.abspath(show_dir)
     seg = is_segmentor_cfg(cfg)
-    hooks = cfg.setdefault('default_hooks', {})
-    vis = hooks.get('visualization')
-    if vis is None:
-        vis = hooks['visualization'] = dict(type='SegVisualizationHook' if seg else 'DetVisualizationHook')
-    vis['draw'] = True
-    vis['show'] = False
+    if not cfg.get('default_hooks'):
+        cfg.default_hooks = {}
+    hooks = cfg.default_hooks
+    old = dict(hooks.get('visualization') or {})
     if seg:
-        vis.pop('img_out_dir', None)  # not a keyword of mmseg 1.x's SegVisualizationHook
-        vis.pop('test_out_dir', None)
-        visualizer = cfg.get('visualizer') or dict(type='SegLocalVisualizer', name='visualizer')
-        if not visualizer.get('vis_backends'):
-            visualizer['vis_backends'] = [dict(type='LocalVisBackend')]
-        elif not any(str(b.get('type', '')).endswith('LocalVisBackend') for b in visualizer['vis_backends']):
-            visualizer['vis_backends'] = list(visualizer['vis_backends']) + [dict(type='LocalVisBackend')]
-        visualizer['save_dir'] = show_dir
-        cfg.visualizer = visualizer
-        return osp.join(show_dir, 'vis_data', 'vis_image')
-    vis['test_out_dir'] = show_dir  # absolute: mmdet joins it to work_dir/<timestamp>, which keeps it as is
+        keep = {k: old[k] for k in ('wait_time', 'backend_args') if k in old}
+        hooks['visualization'] = dict(type='mmplugin.SegTestVisualizationHook', out_dir=show_dir, show=False, **keep)
+        if not cfg.get('visualizer'):
+            cfg.visualizer = dict(type='SegLocalVisualizer', vis_backends=[dict(type='LocalVisBackend')],
+                                  name='visualizer')
+        return show_dir
+    if not old:
+        old = dict(type='DetVisualizationHook')
+    old.update(draw=True, show=False, test_out_dir=show_dir)  # absolute: mmdet's join with work_dir keeps it
+    hooks['visualization'] = old
     if not cfg.get('visualizer'):
         cfg.visualizer = dict(type='DetLocalVisualizer', vis_backends=[dict(type='LocalVisBackend')],
                               name='visualizer')
