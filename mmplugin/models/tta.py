@@ -1,9 +1,10 @@
 """Multi-scale + flip test-time augmentation for detectors that predict boxes and instance masks.
 
 mmdet 3.3's ``DetTTAModel`` merges boxes only: it refuses views with ``pred_instances.masks`` ("TTA of instance
-segmentation does not support now"), so a Mask R-CNN / Cascade / HTC cannot be tested with ``--tta`` through it. :class:`MaskDetTTAModel` merges the same way for boxes (un-flip every view's
-boxes in the original image frame, concatenate, class-wise NMS or soft-NMS, keep ``max_per_img``) and carries each
-kept detection's mask along from the view that produced it, un-flipped the same way.
+segmentation does not support now"), so a Mask R-CNN / Cascade / HTC cannot be tested with ``--tta`` through it.
+:class:`MaskDetTTAModel` merges the same way for boxes (un-flip every view's boxes in the original image frame,
+concatenate, class-wise NMS or soft-NMS, keep ``max_per_img``) and carries each kept detection's mask along from
+the view that produced it, un-flipped the same way. An image without any detection gets empty predictions.
 """
 from __future__ import annotations
 
