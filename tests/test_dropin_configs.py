@@ -23,6 +23,8 @@ from mmengine.optim import build_optim_wrapper
 
 from mmplugin.converters.swin import plugin_to_mmdet_swin
 
+pytestmark = pytest.mark.numeric  # rerun on older CPU kernel families by tools/run_tests.sh
+
 MMDET_SWIN = 'mmdet::swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py'
 MMSEG_SWIN = 'mmseg::swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py'
 SWAP = """
