@@ -654,7 +654,9 @@ def _converting_loader(original):
             if conversion.changed:
                 from mmengine.logging import print_log
                 print_log(conversion.describe(), logger=logger or 'current')
-                converted = dict(conversion.state_dict)
+                from collections import OrderedDict
+                converted = OrderedDict(conversion.state_dict)
+                converted._metadata = getattr(sd, '_metadata', OrderedDict())  # module versions (BatchNorm)
                 checkpoint = ({**checkpoint, 'state_dict': converted} if 'state_dict' in checkpoint else converted)
                 revise_keys = ()  # already applied: revising twice is not idempotent for every rule
         return original(model, checkpoint, strict, logger, revise_keys=list(revise_keys))
