@@ -192,9 +192,11 @@ def randomize_(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in list(model.named_parameters()) + list(model.named_buffers()):
-            if not p.is_floating_point() or 'relative_coords_table' in name or name.startswith('data_preprocessor.') \
-                    or 'init_proposal_bboxes' in name:
-                continue  # the preprocessor's mean / std are configuration; Sparse R-CNN's start boxes stay boxes
+            if not p.is_floating_point() or 'relative_coords_table' in name or name.startswith('data_preprocessor.'):
+                continue  # the preprocessor's mean / std are configuration, not weights
+            if 'init_proposal_bboxes' in name:  # Sparse R-CNN's start boxes: the whole image (its own init_weights)
+                p[:, :2], p[:, 2:] = 0.5, 1.0
+                continue
             noise = torch.randn(p.shape, generator=g)
             if name.endswith('running_var'):
                 p.copy_(torch.rand(p.shape, generator=g) * 0.5 + 0.75)
@@ -373,7 +375,9 @@ def _differences(a, b, det: bool) -> dict[str, float]:
 
 PARITY = [COUNTERPARTS[0], COUNTERPARTS[3], COUNTERPARTS[6], COUNTERPARTS[11]]
 PARITY_SLOW = [COUNTERPARTS[9], COUNTERPARTS[10]]
-_TOL = {'bboxes': 1e-3, 'scores': 1e-5, 'labels': 0.0, 'masks': 1e-3, 'seg_logits': 1e-4, 'pred_sem_seg': 1e-3}
+# boxes in pixels of a 160 px image: float32 rounding of the backbone (~1e-6) grows through Sparse R-CNN's six
+# refinement stages to ~2e-3 px (1.5e-5 of the image); the two-stage and one-stage models stay near 1e-4 px
+_TOL = {'bboxes': 5e-3, 'scores': 1e-5, 'labels': 0.0, 'masks': 1e-3, 'seg_logits': 1e-4, 'pred_sem_seg': 1e-3}
 
 
 def _parity(plugin, counterpart, published, tmp_path):
