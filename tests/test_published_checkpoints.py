@@ -18,10 +18,10 @@ Layouts (random weights written in each, nothing downloaded):
 * ``plugin``: the plugin's own files.
 
 Counterparts: mmdet's / mmseg's shipped configs where they exist; for the official-repository-only Cascade Mask R-CNN
-models, a port of the official config (``_CASCADE_PORT`` below). The full-size key-fit check runs for every pair (keys and
-shapes only, weights left uninitialised); the prediction checks run shrunk models (the same backbone width / depth
-and test-time limits on both sides) through each config's own test pipeline on one synthetic image and print the
-largest differences.
+models, a port of the official config (``_CASCADE_PORT`` below). The full-size key-fit check runs for every pair
+(keys and shapes only, weights left uninitialised); the prediction checks run shrunk models (the same backbone
+width / depth and test-time limits on both sides) through each config's own test pipeline on one synthetic image and
+print the largest differences.
 """
 from __future__ import annotations
 

@@ -8,6 +8,8 @@ CHECKPOINT is a path or an http(s) URL (downloaded once into the torch hub cache
 weights-only semantics (see mmplugin.checkpoint) and strictly: one that does not fit the model of CONFIG (a
 backbone-only or another model's checkpoint) is an error listing the first missing / unexpected keys, unless
 ``--allow-partial`` is given.
+Published whole-model checkpoints (official Swin detection / segmentation repositories, mmdet / mmseg model
+zoos) load as they are: their backbone part is converted on the fly (docs/published_checkpoints.md).
 ``--tta`` uses the config's ``tta_model`` / ``tta_pipeline`` (multi-scale + flip).
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Whole-model (detector / segmentor) checkpoints in any published layout -> the layout of a model with plugin backbones.
+"""Whole-model (detector / segmentor) checkpoints in any published layout -> a model with plugin backbones.
 
 A detector or segmentor checkpoint is the backbone's weights under ``backbone.`` plus the neck's and heads' weights.
 The published ones differ from the plugin's own only in the backbone part:
