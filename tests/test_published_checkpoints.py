@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import logging
 import re
 import textwrap
 from pathlib import Path
@@ -481,7 +482,8 @@ def test_load_from_logs_one_line_and_runner_loads(tmp_path, caplog):
     ours = _build(pcfg)
     logger = MMLogger.get_instance('published_test', log_level='INFO')
     lines = []
-    handler = type('H', (__import__('logging').Handler, ), {'emit': lambda self, r: lines.append(r.getMessage())})()
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
     logger.addHandler(handler)
     try:
         ckpt = load_checkpoint(ours, str(path), map_location='cpu', strict=True, logger='published_test')
