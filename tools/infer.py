@@ -5,6 +5,8 @@
         [--compile] [--fast [auto|bf16|fp16]]
 
 CHECKPOINT is a path or an http(s) URL. It must fit the model of CONFIG (see tools/test.py), unless --allow-partial.
+Published whole-model checkpoints (official Swin detection / segmentation repositories, mmdet / mmseg model
+zoos) load as they are: their backbone part is converted on the fly (docs/published_checkpoints.md).
 
 --out: the drawing (mmdet's DetLocalVisualizer or mmseg's SegLocalVisualizer, chosen by the config's default_scope):
 an image file for one image (default result.png), a folder for a folder of images (default infer_vis/).

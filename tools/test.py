@@ -8,6 +8,8 @@ CHECKPOINT is a path or an http(s) URL (downloaded once into the torch hub cache
 weights-only semantics (see mmplugin.checkpoint) and strictly: one that does not fit the model of CONFIG (a
 backbone-only or another model's checkpoint) is an error listing the first missing / unexpected keys, unless
 ``--allow-partial`` is given.
+Published whole-model checkpoints (official Swin detection / segmentation repositories, mmdet / mmseg model
+zoos) load as they are: their backbone part is converted on the fly (docs/published_checkpoints.md).
 ``--tta`` uses the config's ``tta_model`` / ``tta_pipeline`` (multi-scale + flip).
 ``--format-only --out-dir DIR`` writes test-server files instead of scoring (COCO results json; ADE20K PNG label
 maps), ``--out FILE.pkl`` dumps the raw predictions, ``--show-dir DIR`` draws every prediction: docs/evaluation.md.
