@@ -1,4 +1,4 @@
-"""Issue 9 "Done when": the users' own configs work with only the backbone swapped.
+"""Users' own configs work with only the backbone type swapped.
 
 * mmdet's ``swin/mask-rcnn_swin-t-p4-w7_fpn_1x_coco.py`` and mmseg's Swin-T UperNet ADE20K config, inherited through
   ``mmdet::`` / ``mmseg::`` with ``model.backbone.type`` changed to ``'mmplugin.SwinTransformer'`` and
