@@ -25,3 +25,9 @@ MODEL_WRAPPERS = Registry('model_wrapper', parent=MMENGINE_MODEL_WRAPPERS, scope
                           locations=['mmplugin.utils.ddp'])
 
 __all__ += ['MODEL_WRAPPERS']
+
+from mmengine.registry import FUNCTIONS as MMENGINE_FUNCTIONS  # noqa: E402
+
+FUNCTIONS = Registry('function', parent=MMENGINE_FUNCTIONS, scope='mmplugin', locations=['mmplugin.utils.fsdp'])
+
+__all__ += ['FUNCTIONS']
