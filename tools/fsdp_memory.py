@@ -2,7 +2,7 @@
 training step on a synthetic image.
 
     torchrun --nproc-per-node 2 tools/fsdp_memory.py configs/swin_l_htcpp_nosemantic_6x.py [--step-size 256]
-        [--min-num-params 10000000] [--cfg-options key=value ...]
+        [--min-num-params 0] [--cfg-options key=value ...]
 
 Every rank prints one line ``fsdp-memory {json}``. docs/distributed.md has the figures.
 """
@@ -22,7 +22,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config')
     p.add_argument('--step-size', type=int, default=None, help='also run one training step on an NxN image')
-    p.add_argument('--min-num-params', type=int, default=int(1e7), help='size-based wrapping threshold')
+    p.add_argument('--min-num-params', type=int, default=0, help='smallest block that becomes an FSDP unit')
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
     args = p.parse_args(argv)
     import torch

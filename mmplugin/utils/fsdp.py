@@ -4,8 +4,11 @@ can name, and a per-rank memory report for a model config (``tools/fsdp_memory.p
 A config trains with FSDP by adding::
 
     runner_type = 'FlexibleRunner'
-    strategy = dict(type='FSDPStrategy', model_wrapper=dict(
-        auto_wrap_policy=dict(type='mmplugin.size_based_wrap_policy', min_num_params=int(1e7))))
+    strategy = dict(type='FSDPStrategy', model_wrapper=dict(auto_wrap_policy=dict(type='mmplugin.block_wrap_policy')))
+
+Only modules that their parent calls (``module(x)``) may become FSDP units: FSDP gathers a unit's parameters in
+its ``forward``, so a parent that reaches into a wrapped child's submodules (``stage.downsample(x)``) would see the
+flat shards. The plugin's blocks are such units; torch's size-based policy is not safe for the backbones.
 
 On CPUs, :func:`mmplugin.utils.ddp.setup_cpu_distributed` swaps the wrapper for
 :class:`~mmplugin.utils.ddp.CPUFullyShardedDataParallel` (gloo).
@@ -20,16 +23,24 @@ import torch
 
 from ..registry import FUNCTIONS
 
-__all__ = ['fsdp_memory_report', 'size_based_wrap_policy']
+__all__ = ['block_wrap_policy', 'fsdp_memory_report']
+
+
+def _block_classes() -> tuple[type, ...]:
+    from ..models.backbones.swiftformer import ConvEncoder, SwiftFormerEncoder
+    from ..models.backbones.swin import SwinBlock
+    from ..models.necks.global_attention import GlobalAttentionBlock
+    return SwinBlock, SwiftFormerEncoder, ConvEncoder, GlobalAttentionBlock
 
 
 @FUNCTIONS.register_module()
-def size_based_wrap_policy(module, recurse: bool, nonwrapped_numel: int, min_num_params: int = int(1e7)) -> bool:
-    """torch's size-based FSDP auto-wrap policy with a configurable threshold: every submodule holding at least
-    ``min_num_params`` parameters not yet wrapped becomes its own FSDP unit (its parameters are gathered only while
-    it runs), the rest stays in the root unit."""
-    from torch.distributed.fsdp.wrap import size_based_auto_wrap_policy
-    return size_based_auto_wrap_policy(module, recurse, nonwrapped_numel, min_num_params=int(min_num_params))
+def block_wrap_policy(module, recurse: bool, nonwrapped_numel: int, min_num_params: int = 0) -> bool:
+    """FSDP auto-wrap policy: every Swin / SwinV2 block, SwiftFormer encoder and global-attention block with at
+    least ``min_num_params`` parameters becomes its own FSDP unit (its parameters are gathered only while it runs);
+    everything else (stems, patch merging, necks, heads) stays in the root unit."""
+    if recurse:
+        return True
+    return isinstance(module, _block_classes()) and nonwrapped_numel >= int(min_num_params)
 
 
 def _rss_mib() -> tuple[float, float]:
@@ -51,8 +62,8 @@ def _det_batch(model, size: int):
     return packed
 
 
-def fsdp_memory_report(cfg, min_num_params: int = int(1e7), step_size: int | None = None) -> dict:
-    """Build ``cfg.model`` on every rank, shard it with FSDP (FULL_SHARD, size-based wrapping), and measure.
+def fsdp_memory_report(cfg, min_num_params: int = 0, step_size: int | None = None) -> dict:
+    """Build ``cfg.model`` on every rank, shard it with FSDP (FULL_SHARD, :func:`block_wrap_policy`), and measure.
 
     Run under torchrun with an initialised process group. ``step_size``: also run one AdamW training step (forward,
     backward, update) on a ``step_size`` x ``step_size`` synthetic detection batch.
@@ -73,7 +84,7 @@ def fsdp_memory_report(cfg, min_num_params: int = int(1e7), step_size: int | Non
     built_rss = _rss_mib()[0]
     device_id = int(os.environ.get('LOCAL_RANK', 0)) if torch.cuda.is_available() else None
     model = CPUFullyShardedDataParallel(
-        model, device_id=device_id, auto_wrap_policy=partial(size_based_wrap_policy, min_num_params=min_num_params),
+        model, device_id=device_id, auto_wrap_policy=partial(block_wrap_policy, min_num_params=min_num_params),
         sharding_strategy='FULL_SHARD', use_orig_params=True)
     gc.collect()
     local = sum(p.numel() for p in model.parameters())
