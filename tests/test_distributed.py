@@ -108,6 +108,23 @@ def _ramp(it: int, scale: float) -> float:
     return BASE_LR * scale * (0.25 + 0.75 * min(it, WARMUP - 1) / (WARMUP - 1))
 
 
+@pytest.mark.parametrize('bad', [0, -5, 'soon', True, None])
+def test_collective_timeout_is_validated(bad):
+    """A distributed run always has a bounded collective timeout: the config's, else the plugin's default; a value
+    that is not a positive number of seconds is refused before any process group starts."""
+    from mmengine.config import Config
+
+    from mmplugin.utils.ddp import DEFAULT_DIST_TIMEOUT_S, dist_timeout, setup_cpu_distributed
+    assert dist_timeout(Config(dict())) == DEFAULT_DIST_TIMEOUT_S
+    assert dist_timeout(Config(dict(env_cfg=dict(dist_cfg=dict(timeout=42))))) == 42.0
+    cfg = Config(dict(launcher='pytorch', env_cfg=dict(dist_cfg=dict(timeout=bad))))
+    with pytest.raises(ValueError, match='env_cfg.dist_cfg.timeout'):
+        setup_cpu_distributed(cfg)
+    untouched = Config(dict(launcher='none'))
+    setup_cpu_distributed(untouched)
+    assert 'env_cfg' not in untouched and 'model_wrapper_cfg' not in untouched
+
+
 def _losses(text: str) -> list[float]:
     return [float(v) for v in re.findall(r'Iter\(train\).*?\sloss: ([\d.]+)', text)]
 
@@ -193,30 +210,35 @@ def test_killed_node_ends_the_job_then_resume_on_one_node(tmp_path, tiny_cfg):
     assert lr == pytest.approx(_ramp(k + 2, 1.0), rel=1e-6) and lr != pytest.approx(_ramp(k + 2, 0.5), rel=1e-3)
 
 
-@pytest.mark.slow
-def test_fsdp_through_the_flexible_runner_matches_ddp(tmp_path, tiny_cfg, two_nodes):
-    """The same config with ``runner_type='FlexibleRunner'`` and mmengine's FSDPStrategy (the plugin's CPU FSDP
-    wrapper, one FSDP unit per SwiftFormer encoder), 1 node x 2 processes: the first two iterations log the losses of
-    the DDP run (same seed, data and initial weights; FSDP's reduce-scatter and DDP's all-reduce average the same
-    gradients). Checkpoints are off: saving an FSDP model on CPU fails in torch (docs/distributed.md)."""
-    rcs, text, _ = two_nodes
-    assert rcs == [0, 0]
-    ddp = _losses(text[0] + text[1])[:2]
-    cfg = tmp_path / 'fsdp_seg.py'
+def _flexible(tmp_path, tiny_cfg, strategy: str, name: str) -> list[float]:
+    """2 iterations of the tiny config through FlexibleRunner with ``strategy``, 1 node x 2 processes: the losses."""
+    cfg = tmp_path / f'{name}.py'
     cfg.write_text(f"""
 _base_ = [{str(tiny_cfg)!r}]
 runner_type = 'FlexibleRunner'
-strategy = dict(type='FSDPStrategy', model_wrapper=dict(auto_wrap_policy=dict(type='mmplugin.block_wrap_policy')))
+strategy = {strategy}
 train_cfg = dict(max_iters=2)
 default_hooks = dict(checkpoint=dict(interval=10 ** 6, save_last=False))
 """)
-    env = {**os.environ, 'PYTHON': PY, 'OMP_NUM_THREADS': '1', 'MASTER_PORT': str(_free_port()),
-           'RDZV_ID': 'fsdp'}
-    out = subprocess.run(['bash', str(ROOT / 'tools/dist_train.sh'), str(cfg), '2', '--work-dir', str(tmp_path / 'w')],
+    env = {**os.environ, 'PYTHON': PY, 'OMP_NUM_THREADS': '1', 'MASTER_PORT': str(_free_port()), 'RDZV_ID': name}
+    out = subprocess.run(['bash', str(ROOT / 'tools/dist_train.sh'), str(cfg), '2', '--work-dir', str(tmp_path / name)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-4000:]
+    assert 'GPU number: 2' in log, log[-3000:]
+    return _losses(log), log
+
+
+@pytest.mark.slow
+def test_fsdp_through_the_flexible_runner_matches_ddp(tmp_path, tiny_cfg):
+    """The tiny config with ``runner_type='FlexibleRunner'``: mmengine's FSDPStrategy (the plugin's CPU FSDP wrapper,
+    one FSDP unit per SwiftFormer encoder) logs the losses of its DDPStrategy over the first two iterations (same
+    seed, data and initial weights; FSDP's reduce-scatter and DDP's all-reduce average the same gradients).
+    Checkpoints are off: saving an FSDP model on CPU fails in torch (docs/distributed.md)."""
+    fsdp, log = _flexible(tmp_path, tiny_cfg, "dict(type='FSDPStrategy', model_wrapper=dict("
+                          "auto_wrap_policy=dict(type='mmplugin.block_wrap_policy')))", 'fsdp')
     assert "type='mmplugin.CPUFullyShardedDataParallel'" in log, log[-3000:]  # the strategy's wrapper, swapped
-    fsdp = _losses(log)
+    ddp, log = _flexible(tmp_path, tiny_cfg, "dict(type='DDPStrategy')", 'ddp')
+    assert "type='mmplugin.CPUDistributedDataParallel'" in log, log[-3000:]
     # the log prints 4 decimals: equal values differ by at most one unit of the last digit after rounding
     assert len(fsdp) == 2 and fsdp == pytest.approx(ddp, abs=1.5e-4), (fsdp, ddp)
