@@ -125,6 +125,46 @@ def test_collective_timeout_is_validated(bad):
     assert 'env_cfg' not in untouched and 'model_wrapper_cfg' not in untouched
 
 
+_SILENT_PEER = """
+import os, sys, time
+import torch, torch.distributed as dist
+from mmengine.config import Config
+from mmplugin.utils.ddp import setup_cpu_distributed
+setup_cpu_distributed(Config(dict(launcher='pytorch', env_cfg=dict(dist_cfg=dict(timeout=float(sys.argv[1]))))))
+if dist.get_rank() == 1:
+    time.sleep(60)  # alive but silent: a hung process, a stopped node, a partition
+    sys.exit(0)
+start = time.time()
+try:
+    dist.all_reduce(torch.ones(1))
+except Exception as err:
+    print(f'raised after {time.time() - start:.1f} s: {type(err).__name__}', flush=True)
+    os._exit(3)
+print('all_reduce returned', flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_silent_rank_is_bounded_by_the_configured_timeout():
+    """``env_cfg.dist_cfg.timeout`` reaches the gloo process group the plugin starts on CPU: a collective waiting for
+    a rank that is alive but never answers raises after that many seconds (here 3), not torch's 30 minutes."""
+    port = _free_port()
+    procs = []
+    for rank in (0, 1):
+        env = {**os.environ, 'OMP_NUM_THREADS': '1', 'RANK': str(rank), 'LOCAL_RANK': str(rank), 'WORLD_SIZE': '2',
+               'MASTER_ADDR': '127.0.0.1', 'MASTER_PORT': str(port), 'PYTHONPATH': str(ROOT)}
+        procs.append(subprocess.Popen([PY, '-c', _SILENT_PEER, '3'], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, start_new_session=True))
+    try:
+        out, _ = procs[0].communicate(timeout=120)
+    finally:
+        _stop(procs)
+    m = re.search(r'raised after ([\d.]+) s', out)
+    print(m.group(0) if m else out[-500:])
+    assert procs[0].returncode == 3 and m, out[-3000:]
+    assert 3.0 - 0.5 <= float(m.group(1)) < 3.0 + 10, out[-3000:]  # the timeout, plus scheduling slack on 2 cores
+
+
 def _losses(text: str) -> list[float]:
     return [float(v) for v in re.findall(r'Iter\(train\).*?\sloss: ([\d.]+)', text)]
 
