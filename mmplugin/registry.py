@@ -31,3 +31,9 @@ from mmengine.registry import HOOKS as MMENGINE_HOOKS  # noqa: E402
 HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='mmplugin', locations=['mmplugin.utils.seg_test_vis'])
 
 __all__ += ['HOOKS']
+
+from mmengine.registry import FUNCTIONS as MMENGINE_FUNCTIONS  # noqa: E402
+
+FUNCTIONS = Registry('function', parent=MMENGINE_FUNCTIONS, scope='mmplugin', locations=['mmplugin.utils.fsdp'])
+
+__all__ += ['FUNCTIONS']

@@ -3,8 +3,9 @@
     python tools/train.py configs/swiftformer_l1_maskrcnn.py [--work-dir DIR] [--resume [PATH]] [--amp]
         [--cfg-options key=value ...] [--launcher none|pytorch|slurm]
 
-Multi-GPU / multi-node: tools/dist_train.sh (torchrun) or tools/slurm_train.sh; mmengine's distributed runner
-does the work. ``--resume`` without a path continues from the newest intact checkpoint in the work dir.
+Multi-GPU / multi-node: tools/dist_train.sh (torchrun, c10d rendezvous) or tools/slurm_train.sh; mmengine's
+distributed runner does the work (``runner_type='FlexibleRunner'`` in a config for FSDP); docs/distributed.md.
+``--resume`` without a path continues from the newest intact checkpoint in the work dir.
 """
 from __future__ import annotations
 
@@ -37,10 +38,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import mmplugin  # noqa: F401  registers the backbones, safe checkpoint loading
     from mmengine.config import Config
-    from mmengine.runner import Runner
 
     from mmplugin.checkpoint import CheckpointError
-    from mmplugin.utils import DatasetConfigError, check_datasets, prepare_runner_cfg
+    from mmplugin.utils import DatasetConfigError, build_runner, check_datasets, prepare_runner_cfg
 
     if not osp.isfile(args.config):
         print(f'error: config file not found: {args.config}', file=sys.stderr)
@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     except CheckpointError as err:
         print(f'error: --resume: {err}', file=sys.stderr)
         return 2
-    runner = Runner.from_cfg(cfg)
+    runner = build_runner(cfg)
     runner.train()
     return 0
 

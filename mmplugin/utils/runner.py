@@ -10,7 +10,7 @@ import zipfile
 
 import torch
 
-__all__ = ['find_resumable_checkpoint', 'prepare_runner_cfg']
+__all__ = ['build_runner', 'find_resumable_checkpoint', 'prepare_runner_cfg']
 
 
 def _problem(path: str) -> str | None:
@@ -127,3 +127,13 @@ def prepare_runner_cfg(cfg, args) -> None:
         cfg.resume = True
         cfg.load_from = resume
     os.makedirs(cfg.work_dir, exist_ok=True)
+
+
+def build_runner(cfg):
+    """mmengine's ``Runner``, or the runner that ``cfg.runner_type`` names (``'FlexibleRunner'`` for FSDP through
+    ``strategy=dict(type='FSDPStrategy')``), built from ``cfg``."""
+    if 'runner_type' not in cfg:
+        from mmengine.runner import Runner
+        return Runner.from_cfg(cfg)
+    from mmengine.registry import RUNNERS
+    return RUNNERS.build(cfg)
