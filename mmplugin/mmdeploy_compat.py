@@ -2,7 +2,7 @@
 
 Call :func:`patch_mmdeploy_for_torch2` once before ``mmdeploy.apis.torch2onnx`` / ``mmdeploy.apis.onnx.export``
 (``tools/export_mmdeploy.py`` does). What it changes, all through mmdeploy's own rewriter registry (so only while
-mmdeploy exports, inside its ``RewriterContext``), except the one added symbol of item 2:
+mmdeploy exports, inside its ``RewriterContext``), except the one added symbol of point 2:
 
 1. ``torch.onnx.export`` is called with ``dynamo=False``: torch >= 2.9 defaults to the torch.export-based exporter,
    on which mmdeploy's function rewriters and symbolic functions do not act.
