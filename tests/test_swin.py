@@ -305,7 +305,11 @@ def test_arch_aliases_and_outputs():
     (SwinTransformer, dict(window_size=[7, 7, 7.5, 7]), 'window_size must hold ints'),
     (SwinTransformer, dict(drop_path_rate=1.0), r'drop_path_rate must be a number in \[0, 1\)'),
     (SwinTransformer, dict(drop_path_rate=-0.1), 'drop_path_rate'),
-    (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6], num_heads=[3, 6, 12])), 'list of 4'),
+    # len(depths) is the number of stages (mmdet / mmseg meaning): the per-stage lists must follow it
+    (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6], num_heads=[3, 6, 12, 24]), out_indices=(0, 1, 2)),
+     'num_heads must be an int or a list of 3'),
+    (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6], num_heads=[3, 6, 12])),
+     r'out_indices must be distinct stage indices in 0\.\.2, got \(0, 1, 2, 3\)'),
     (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[5, 6, 12, 24])), 'divisible'),
     (SwinTransformer, dict(window_size=0), 'window_size must be >= 1'),
     (SwinTransformer, dict(pretrained_window_size=8), 'V2 option'),

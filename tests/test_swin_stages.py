@@ -70,6 +70,18 @@ def test_five_stage_equals_mmdet_with_converted_weights(tmp_path):
         k for k in theirs.state_dict() if not k.endswith('relative_position_index')}
 
 
+def test_three_stage_equals_mmdet():
+    kw = dict(embed_dims=16, depths=[2, 2, 1], num_heads=[1, 2, 4], strides=(4, 2, 2), out_indices=(0, 1, 2),
+              drop_path_rate=0.0)
+    theirs = randomize_(_mmdet(**kw), seed=6, scale=0.1)
+    ours = SwinTransformer(**kw)
+    assert ours.num_stages == 3 and ours.out_strides == [4, 8, 16]
+    converted, _ = convert_swin(theirs.state_dict(), version=1, out_indices=kw['out_indices'])
+    ours.load_state_dict(converted, strict=False)
+    assert converted.keys() == {k for k in ours.state_dict() if not k.endswith('relative_position_index')}
+    _compare(ours, theirs, [(75, 51)])
+
+
 def _official_4_stage_classifier(arch, seed=7):
     """Random weights in the official 4-stage classification layout (plugin names = official names), with the
     classifier norm and head and the official ``relative_position_index`` buffers."""
