@@ -25,7 +25,7 @@ from mmplugin import deploy  # noqa: E402
 from mmplugin.models import SwiftFormer, SwinTransformer, SwinTransformerV2  # noqa: E402
 from mmplugin.models.layers.window_attention import WindowGeometry  # noqa: E402
 
-from conftest import randomize_  # noqa: E402
+from conftest import BF16_VS_FP32, FP32_PARITY, randomize_  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
 SWIN_ARCH = dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8])
@@ -38,7 +38,7 @@ PARITY_SHAPES = [
     (1, 3, 224, 160),  # divisible by 32, several windows per stage
     (2, 3, 33, 300),  # very wide
 ]
-TOL = 1e-4
+TOL = FP32_PARITY  # onnxruntime fp32 vs eager fp32: the same function, other kernels (conftest)
 
 
 def _tiny(family: str) -> torch.nn.Module:
@@ -262,7 +262,7 @@ def test_fast_inference_backbone_neck_low_precision_heads_fp32(monkeypatch):
     assert set(seen) == {torch.bfloat16}
     assert all(g.dtype == torch.float32 for g in got)
     err = deploy.max_rel_error(got, ref)
-    assert 1e-6 < err < 5e-2, err  # bf16 really ran (not fp32), and within its precision
+    assert FP32_PARITY < err < BF16_VS_FP32, err  # beyond fp32 rounding (bf16 really ran), within bf16's (conftest)
     meta = dict(img_shape=(96, 128), ori_shape=(96, 128), scale_factor=(1.0, 1.0), pad_shape=(96, 128),
                 batch_input_shape=(96, 128))
     with torch.no_grad():
@@ -357,4 +357,7 @@ def test_mmdeploy_end2end_parity(config, tmp_path):
     for shape in [(1, 3, 97, 131), (1, 3, 160, 224)]:
         r = end2end_parity(model, sess, torch.randn(*shape, generator=g))
         assert r['num_torch'] >= 5 and r['num_onnx'] == r['num_torch'] == r['matched'], (shape, r)
-        assert r['box_err'] <= 1e-3 and r['score_err'] <= 1e-4 and r['mask_iou'] > 0.99, (shape, r)
+        # fp32 graphs on both sides (conftest.FP32_PARITY ~1e-4 on features); box decoding exponentiates the
+        # regression deltas (x exp(d): a 1e-4 error in d stays ~1e-4, summed over a few boxes' coordinates), so
+        # boxes get 10x the feature bound; masks are thresholded at 0.5, so a pixel can flip: IoU, not equality
+        assert r['box_err'] <= 10 * FP32_PARITY and r['score_err'] <= FP32_PARITY and r['mask_iou'] > 0.99, (shape, r)

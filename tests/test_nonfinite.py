@@ -1,5 +1,8 @@
 """NaN and Inf in the input propagate exactly as in the reference formulations, in every mode: eval, train,
-SwiftFormer after ``switch_to_deploy()``, and bf16 autocast. The NaN / Inf masks of every output are compared."""
+SwiftFormer after ``switch_to_deploy()``, and bf16 autocast. The NaN / Inf masks of every output are compared; in
+bf16 also against the reference computed in fp32, so a kernel that leaks non-finite values into neighbouring
+outputs under reduced precision (oneDNN's native-bf16 convolution does on AVX512-BF16 CPUs) fails the test on the
+machine that has it, whatever the reference does under the same kernel."""
 from __future__ import annotations
 
 import pytest
@@ -10,6 +13,8 @@ from mmplugin.converters import convert_swiftformer
 from mmplugin.models import SwiftFormer, SwinTransformer, SwinTransformerV2
 from mmplugin.reference.swiftformer import ReferenceSwiftFormer
 from mmplugin.reference.swin import ReferenceSwin
+
+pytestmark = pytest.mark.numeric
 
 SWIN_ARCH = dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 2, 4])
 SF_ARCH = dict(depths=[2, 2, 2, 2], embed_dims=[16, 16, 32, 32])
@@ -57,6 +62,12 @@ def test_nonfinite_inputs_propagate_like_the_reference(family, mode, kind):
     ctx = torch.autocast('cpu', dtype=torch.bfloat16, enabled=mode == 'bf16')
     with torch.no_grad(), ctx:
         got, want = model(x), ref(x)
+    if mode == 'bf16':
+        with torch.no_grad():
+            want32 = ref(x)
+        for (gn, gi), (wn, wi) in zip(_masks(got), _masks(want32)):
+            assert torch.equal(gn, wn), f'NaN mask differs from fp32: {int(gn.sum())} vs {int(wn.sum())}'
+            assert torch.equal(gi, wi), f'Inf mask differs from fp32: {int(gi.sum())} vs {int(wi.sum())}'
     nonfinite = 0
     for (gn, gi), (wn, wi) in zip(_masks(got), _masks(want)):
         assert torch.equal(gn, wn), f'NaN mask differs: {int(gn.sum())} vs reference {int(wn.sum())}'
@@ -65,3 +76,28 @@ def test_nonfinite_inputs_propagate_like_the_reference(family, mode, kind):
         if mode != 'train':  # batch statistics mix the images in train mode; otherwise image 2 stays clean
             assert not (gn[1].any() or gi[1].any())
     assert nonfinite > 0, 'the reference produced no non-finite value: the check would be vacuous'
+
+
+def test_patch_gemm_equals_the_strided_convolution():
+    """The patch-embedding GEMM is the kernel = stride convolution (float64: rounding ~1e-16, bound 1e-12), also
+    for non-square maps and a bias-free projection; a map not divisible by the patch is refused."""
+    from mmplugin.models.layers.patchify import patch_embed, patchify_linear
+    x = torch.randn(2, 3, 24, 40, dtype=torch.float64)
+    for bias in (True, False):
+        conv = torch.nn.Conv2d(3, 8, 4, 4, bias=bias).double()
+        want = conv(x).permute(0, 2, 3, 1)
+        got = patchify_linear(x, conv.weight, conv.bias)
+        assert got.shape == want.shape == (2, 6, 10, 8)
+        assert (got - want).abs().max().item() <= 1e-12 * want.abs().max().item()
+        assert torch.equal(patch_embed(x, conv), conv(x.contiguous(memory_format=torch.channels_last)).permute(
+            0, 2, 3, 1))  # fp64 / fp32 without autocast: the convolution itself
+    with pytest.raises(ValueError, match='divisible'):
+        patchify_linear(x[..., :23, :], conv.weight, conv.bias)
+    # under autocast the GEMM runs: an Inf pixel makes exactly its own token non-finite, in every channel
+    conv = torch.nn.Conv2d(3, 8, 4, 4).eval()
+    x = torch.randn(1, 3, 24, 40)
+    x[0, 0, 13, 22] = float('inf')
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+        out = patch_embed(x, conv).float()
+    bad = ~torch.isfinite(out)
+    assert bad[0, 3, 5].all() and int(bad.sum()) == 8

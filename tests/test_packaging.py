@@ -143,9 +143,14 @@ def test_sdist_and_wheel_ship_every_config(built):
     assert len(configs) > 30 and '_base_/swin_maskrcnn.py' in configs
     with zipfile.ZipFile(wheel) as z:
         names = z.namelist()
-        shipped = sorted(n.split('mmplugin/.mim/configs/', 1)[1] for n in names if '/.mim/configs/' in n)
+        shipped = sorted(n.split('mmplugin/.mim/configs/', 1)[1] for n in names
+                         if '/.mim/configs/' in n and n.endswith('.py'))
         assert z.read('mmplugin/.mim/configs/swin_t_maskrcnn_1x.py') == \
             (ROOT / 'configs' / 'swin_t_maskrcnn_1x.py').read_bytes()
+        # the model index and its metafiles, for `mim search mmplugin` (mmplugin/zoo.py)
+        assert z.read('mmplugin/.mim/model-index.yml') == (ROOT / 'model-index.yml').read_bytes()
+        metafiles = sorted(p.name for p in (ROOT / 'configs' / 'metafiles').glob('*.yml'))
+        assert metafiles and all(f'mmplugin/.mim/configs/metafiles/{m}' in names for m in metafiles)
     assert shipped == configs
     assert not any(n.startswith(('tests/', 'configs/')) for n in names)
     with tarfile.open(sdist) as t:
@@ -153,6 +158,7 @@ def test_sdist_and_wheel_ship_every_config(built):
     link = members['mmplugin/.mim/configs']
     assert link.isdir(), 'the sdist must hold the config files, not the link'
     assert all(f'mmplugin/.mim/configs/{c}' in members for c in configs)
+    assert members['mmplugin/.mim/model-index.yml'].isfile(), 'the sdist must hold the model index, not the link'
 
 
 def test_wheel_in_a_clean_venv(built, tmp_path):

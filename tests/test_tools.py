@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import FP32_PARITY, rel_err
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -79,7 +80,7 @@ def test_help(tool):
 
 def test_speed_table_rows(capsys):
     """One row per peer and the plugin; rows of implementations computing the same function carry their error
-    against the plugin's eager fp32 outputs (the official formulation and the deployed plugin: < 1e-4)."""
+    against the plugin's eager fp32 outputs (the official formulation and the deployed plugin: < conftest.FP32_PARITY)."""
     sys.path.insert(0, str(Path(ROOT) / 'tools'))
     import speed_table
     rows, whole = speed_table.main(['--size', '64x96', '--rounds', '1', '--runtimes', 'eager', '--models',
@@ -87,7 +88,7 @@ def test_speed_table_rows(capsys):
     by_impl = {r['impl']: r for r in rows}
     assert set(by_impl) == {'mmdet-swin', 'mmplugin'} and not whole
     assert by_impl['mmdet-swin']['ratio'] == 1.0  # the first peer is the baseline
-    assert by_impl['mmdet-swin']['rel_err'] < 1e-4  # mmdet's Swin with the plugin's weights: the same function
+    assert by_impl['mmdet-swin']['rel_err'] < FP32_PARITY  # mmdet's Swin with the plugin's weights: the same function
     assert by_impl['mmplugin']['rel_err'] == 0.0
     out = capsys.readouterr().out
     assert 'CPU: ' in out and 'command: python tools/speed_table.py' in out and out.count('| swin tiny') == 2
@@ -160,12 +161,12 @@ def test_benchmark_peers_share_the_weights():
     with torch.no_grad():
         swin = benchmark.build('swin', 'tiny', torch.device('cpu'))
         for a, b in zip(swin['mmdet-swin'](x), swin['mmplugin'](x)):
-            assert ((a - b).abs().max() / b.abs().max()).item() < 1e-4
+            assert rel_err(a, b) < FP32_PARITY
         sf = benchmark.build('swiftformer', 'xs', torch.device('cpu'))
         ref = sf['official'](x)
         for name in ('mmplugin', 'mmplugin-deploy'):
             for a, b in zip(sf[name](x), ref):
-                assert ((a - b).abs().max() / b.abs().max()).item() < 1e-4, name
+                assert rel_err(a, b) < FP32_PARITY, name
 
 
 @pytest.mark.slow

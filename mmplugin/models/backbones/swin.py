@@ -23,6 +23,7 @@ from torch import nn
 from ...converters.swin import convert_swin, num_swin_stages, plugin_to_mmdet_swin
 from ...registry import MODELS
 from ..layers import DropPath, linear_drop_path_rates, transformer_init_
+from ..layers.patchify import patch_embed
 from ..layers.window_attention import WindowAttention, WindowAttentionV2, WindowGeometry, must_pad, padded_size
 from .base import BaseBackbone, check_int_list
 from .openmmlab_compat import DEFAULT_ARCH, translate_swin_kwargs
@@ -302,7 +303,7 @@ class _SwinBase(BaseBackbone):
         h, w = x.shape[-2:]
         if must_pad(h, w, p):
             x = F.pad(x, (0, padded_size(w, p) - w, 0, padded_size(h, p) - h))
-        x = self.patch_embed.proj(x.contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1)
+        x = patch_embed(x, self.patch_embed.proj)  # (B, H/p, W/p, C'); reduced precision: a GEMM (see patchify.py)
         return self.drop_after_pos(self.patch_embed.norm(x))
 
     def forward_stage(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
