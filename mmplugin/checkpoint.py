@@ -17,6 +17,8 @@ weights-only off:
 * every failure is a :class:`CheckpointError` that says what the file looks like (empty, text, HTML page, Git LFS
   pointer, truncated zip, pickle with forbidden globals, ...) and what to do. Nothing in a refused file is
   executed: the weights-only unpickler never calls a global that is not allow-listed;
+* it converts the backbone part of published whole-model checkpoints (official Swin repositories, mmdet / mmseg
+  zoos) to the layout of the plugin backbones in the model being loaded (:func:`_converting_loader`);
 * it makes mmengine's local file writes atomic (temporary file in the same folder, ``fsync``, ``os.replace``,
   mode from the umask), so a run killed during a save never leaves a truncated checkpoint behind; temporary
   files of a killed save are removed at the next save or resume (:func:`remove_stale_temporary_files`).
@@ -569,6 +571,11 @@ def check_checkpoint_fits(model: torch.nn.Module, ckpt: Any, *, source: str = 't
     mmengine's ``load_checkpoint`` is not strict: a backbone-only or another model's checkpoint "loads" with a
     warning and leaves a randomly initialised detector. The tools call this first.
 
+    The backbone part of a published whole-model checkpoint (official Swin detection / segmentation repositories,
+    mmdet / mmseg model zoos) is converted to the model's layout first
+    (:func:`mmplugin.converters.whole_model.convert_model_state_dict`), exactly as loading will do; everything
+    else is compared as it is.
+
     Args:
         model: the model built from the config (a wrapper or TTA model is unwrapped).
         ckpt: the loaded checkpoint (``{'state_dict': ...}`` or a plain state dict).
@@ -584,6 +591,9 @@ def check_checkpoint_fits(model: torch.nn.Module, ckpt: Any, *, source: str = 't
     if not isinstance(sd, Mapping):
         return f'{source} holds no state dict (got {type(ckpt).__name__})'
     sd = {re.sub(r'^module\.', '', str(k)): v for k, v in sd.items()}
+    from .converters.whole_model import convert_model_state_dict  # the converters import this module
+    conversion = convert_model_state_dict(model, sd)  # published layouts of plugin backbones -> the model's
+    sd = conversion.state_dict
     model_sd = model.state_dict()
     missing = [k for k in model_sd if k not in sd and not is_optional_key(k)]
     unexpected = [k for k in sd if k not in model_sd]
@@ -605,6 +615,11 @@ def check_checkpoint_fits(model: torch.nn.Module, ckpt: Any, *, source: str = 't
                 "model.backbone.init_cfg=dict(type='Pretrained', checkpoint=...), not for evaluation.")
     elif not any(k in model_sd for k in sd):
         hint = ' No key matches: it is for another model or config.'
+    done = conversion.describe()
+    if done:
+        hint += f' (Compared after this conversion: {done}.)'
+    for problem in conversion.problems():
+        hint += f' Note: {problem}.'
     return f'{source} does not fit {model_name}: ' + '; '.join(parts) + '.' + hint
 
 
@@ -623,13 +638,41 @@ def _mmengine_load_url(url: str, model_dir: Any = None, map_location: Any = None
     return load_checkpoint_file(url, map_location=map_location)
 
 
+def _converting_loader(original):
+    """Wrap mmengine's ``_load_checkpoint_to_model`` (behind ``load_from``, ``--resume``, ``load_checkpoint``,
+    mmdet's ``init_detector``, mmseg's ``init_model``) so that published whole-model layouts of plugin backbones are
+    converted to the model's before mmengine loads them; one log line says what was converted. Checkpoints that
+    already fit, and models without plugin backbones, pass through untouched."""
+    def load(model, checkpoint, strict=False, logger=None, revise_keys=((r'^module\.', ''), )):
+        sd = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, Mapping) else None
+        if isinstance(sd, Mapping) and sd:
+            from .converters.whole_model import convert_model_state_dict
+            revised = dict(sd)
+            for pattern, repl in revise_keys:
+                revised = {re.sub(pattern, repl, str(k)): v for k, v in revised.items()}
+            conversion = convert_model_state_dict(model, revised)
+            if conversion.changed:
+                from mmengine.logging import print_log
+                print_log(conversion.describe(), logger=logger or 'current')
+                from collections import OrderedDict
+                converted = OrderedDict(conversion.state_dict)
+                converted._metadata = getattr(sd, '_metadata', OrderedDict())  # module versions (BatchNorm)
+                checkpoint = ({**checkpoint, 'state_dict': converted} if 'state_dict' in checkpoint else converted)
+                revise_keys = ()  # already applied: revising twice is not idempotent for every rule
+        return original(model, checkpoint, strict, logger, revise_keys=list(revise_keys))
+
+    load.__wrapped__ = original
+    return load
+
+
 def _atomic_put(self, obj: bytes, filepath) -> None:  # replaces mmengine LocalBackend.put
     atomic_write_bytes(obj, filepath)
 
 
 def install_safe_checkpoint_loading(extra_globals: Iterable[Any] = ()) -> None:
     """Allow-list runner-checkpoint types, route mmengine's local and URL loading through
-    :func:`load_checkpoint_file` and make mmengine's local writes atomic. Idempotent; never sets
+    :func:`load_checkpoint_file`, convert published whole-model layouts when a model is loaded, and make
+    mmengine's local writes atomic. Idempotent; never sets
     ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD``.
 
     Args:
@@ -643,9 +686,12 @@ def install_safe_checkpoint_loading(extra_globals: Iterable[Any] = ()) -> None:
         return
     torch.serialization.add_safe_globals(safe_globals())
     import mmengine.runner.checkpoint as mm_ckpt
+    import mmengine.runner.runner as mm_runner
     from mmengine.fileio.backends.local_backend import LocalBackend
     mm_ckpt.CheckpointLoader.register_scheme(prefixes='', loader=load_from_mmplugin, force=True)
     mm_ckpt.CheckpointLoader.register_scheme(prefixes=('http://', 'https://'), loader=load_from_mmplugin, force=True)
     mm_ckpt.load_url = _mmengine_load_url
+    mm_ckpt._load_checkpoint_to_model = _converting_loader(mm_ckpt._load_checkpoint_to_model)
+    mm_runner._load_checkpoint_to_model = mm_ckpt._load_checkpoint_to_model  # imported there by name
     LocalBackend.put = _atomic_put
     _INSTALLED = True

@@ -25,3 +25,9 @@ MODEL_WRAPPERS = Registry('model_wrapper', parent=MMENGINE_MODEL_WRAPPERS, scope
                           locations=['mmplugin.utils.ddp'])
 
 __all__ += ['MODEL_WRAPPERS']
+
+from mmengine.registry import HOOKS as MMENGINE_HOOKS  # noqa: E402
+
+HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='mmplugin', locations=['mmplugin.utils.seg_test_vis'])
+
+__all__ += ['HOOKS']

@@ -1,4 +1,4 @@
-"""Issue 9 item 6: ``_base_ = ['mmplugin::...']`` from a project outside the repository (source checkout / editable
+"""``_base_ = ['mmplugin::...']`` from a project outside the repository (source checkout / editable
 install; the wheel is covered by tests/test_packaging.py), the two ways around "mmplugin is not imported before the
 config is read", and a step of training through tools/train.py with such a config."""
 from __future__ import annotations

@@ -59,6 +59,7 @@ def test_with_cp_after_construction(family, arch, monkeypatch):
     check_with_cp(FAMILIES[family], arch, monkeypatch)
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize('family,arch', SMOKE, ids=SMOKE_IDS)
 def test_bf16(family, arch):
     check_bf16(FAMILIES[family], arch)

@@ -92,6 +92,7 @@ def onnx_dir(tmp_path_factory):
     return tmp_path_factory.mktemp('onnx')
 
 
+@pytest.mark.numeric
 @pytest.mark.slow
 @pytest.mark.parametrize('family', ['swin', 'swinv2', 'swiftformer'])
 def test_backbone_onnx_dynamic_parity(family, onnx_dir):
@@ -107,6 +108,7 @@ def test_backbone_onnx_dynamic_parity(family, onnx_dir):
     assert max(errs.values()) <= TOL, errs
 
 
+@pytest.mark.numeric
 @pytest.mark.slow
 def test_segmentor_onnx_dynamic_parity(onnx_dir):
     """Semantic FPN (mmseg) with a tiny Swin: logits at the input size, equal to eager at every size."""
@@ -131,6 +133,7 @@ def test_segmentor_onnx_dynamic_parity(onnx_dir):
         assert part(x)[0].shape == (1, 4, 61, 75)
 
 
+@pytest.mark.numeric
 @pytest.mark.slow
 def test_upernet_onnx_dynamic_parity(onnx_dir):
     """UperNet (mmseg, pyramid pooling 1/2/3/6) with a tiny SwiftFormer: the adaptive pooling is rebuilt from the
@@ -208,6 +211,7 @@ COMPILE_SHAPES = [(2, 3, 96, 128), (1, 3, 97, 260), (3, 3, 33, 45), (1, 3, 230, 
                   (1, 3, 250, 129)]
 
 
+@pytest.mark.numeric
 @pytest.mark.parametrize('family', ['swin', 'swinv2', 'swiftformer'])
 def test_compile_fullgraph_dynamic_one_recompile(family):
     """fullgraph=True (a graph break raises), dynamic=True: at most one recompile over six sizes (batch 1 and 3,
@@ -244,6 +248,7 @@ def _tiny_detector():
     return randomize_(MODELS.build(cfg.model), seed=4).eval()
 
 
+@pytest.mark.numeric
 def test_fast_inference_backbone_neck_low_precision_heads_fp32(monkeypatch):
     """bf16 (forced, as on a CPU without native kernels): the backbone computes in bf16, the FPN maps reach the
     heads as fp32 within bf16's error, the whole Mask R-CNN predicts (mmcv RoIAlign / NMS run fp32)."""

@@ -1,4 +1,4 @@
-"""Issue 10 (non-backbone rows) and issue 9 item 5: bad checkpoint files, strict tools, resume, saving, setup.
+"""Checkpoint input and output around the backbones: bad checkpoint files, strict tools, resume, saving, setup.
 
 Every bad input gets a clear answer naming what the file looks like and what to do; nothing is silently wrong
 (a backbone-only checkpoint is not evaluated as a detector); nothing is lost or left behind (umask, stale

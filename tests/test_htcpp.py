@@ -1,4 +1,4 @@
-"""Issue 14: HTC++ as the Swin paper built it. The extra global self-attention layer against an independent
+"""HTC++ as the Swin paper built it. The extra global self-attention layer against an independent
 formulation (torch.nn.MultiheadAttention with copied weights); the whole-model parameter counts of both HTC++ configs
 against the Swin paper's Table 2(c) (284M, 160M, within 1%); one CPU training step of each with the semantic branch;
 the COCO-stuff hint of the missing-dataset check; whole-model MAC counting of tools/get_flops.py."""

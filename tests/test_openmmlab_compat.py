@@ -13,6 +13,8 @@ from mmplugin.converters.swin import plugin_to_mmdet_swin
 from mmplugin.models import SwiftFormer, SwinTransformer, SwinTransformerV2
 from mmplugin.models.backbones.openmmlab_compat import UnsupportedArgumentsError
 
+pytestmark = pytest.mark.numeric  # rerun on older CPU kernel families by tools/run_tests.sh
+
 SMALL = dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8])
 
 

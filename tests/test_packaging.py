@@ -1,4 +1,4 @@
-"""Issue 9 item 6: ``python -m build`` gives an sdist and a wheel that ship the configs; the wheel (and an editable
+"""``python -m build`` gives an sdist and a wheel that ship the configs; the wheel (and an editable
 install) go into a clean venv and pass a smoke test that inherits ``mmplugin::swin_t_maskrcnn_1x.py``.
 
 The clean venv is made with ``python -m venv --without-pip`` and sees the test interpreter's site-packages through a

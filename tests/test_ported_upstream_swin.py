@@ -1,4 +1,4 @@
-"""Issue 9 "Done when": the checks of the upstream Swin backbone unit tests, ported to ``mmplugin.SwinTransformer`` /
+"""The checks of the upstream Swin backbone unit tests, ported to ``mmplugin.SwinTransformer`` /
 ``mmplugin.SwinTransformerV2`` built through each library's registry with the upstream arguments.
 
 Sources (read, not copied; the logic is rewritten here):
@@ -20,7 +20,7 @@ Where upstream and the plugin differ on purpose the port checks the plugin's doc
   norms (upstream's ``norm_eval`` check builds BatchNorm Swin), mmpretrain V2's ``extra_norm_every_n_blocks != 0``
   (the unreleased huge / giant archs), ``strides`` other than ``(patch_size, 2, 2, 2)``, a 3-element
   ``pretrain_img_size``, non-str ``pretrained``.
-* ``use_abs_pos_embed=True``: issue 9 allows honouring or refusing it; the port accepts either, and checks the
+* ``use_abs_pos_embed=True``: honouring and refusing are both acceptable; the port accepts either, and checks the
   upstream behaviour when honoured and the error when refused.
 
 Not ported: mmdet's ``SwinBlock`` unit test (an internal class with another signature) and mmpretrain's loading of its
@@ -69,7 +69,7 @@ def assert_refused(lib: str, keys, v2: bool = False, **kwargs):
 
 
 def build_or_refused(lib: str, keys, v2: bool = False, **kwargs):
-    """For a value issue 9 lets the plugin either honour or refuse: the built model (the caller then checks the
+    """For a value the plugin may either honour or refuse: the built model (the caller then checks the
     upstream behaviour), or None after checking that the refusal is the clear one."""
     try:
         return build(lib, v2=v2, **kwargs)

@@ -13,8 +13,10 @@ from mmplugin.converters import convert_swiftformer
 from mmplugin.models import SwiftFormer
 from mmplugin.reference.swiftformer import ReferenceSwiftFormer
 
+pytestmark = pytest.mark.numeric  # rerun on older CPU kernel families by tools/run_tests.sh
+
 KEYS = DATA / 'official_keys_swiftformer.txt'
-# Official fork_feat parameter counts (four output BatchNorms, no classifier), from the issue.
+# Official fork_feat parameter counts (four output BatchNorms, no classifier), counted on the official code.
 PARAMS = {'xs': 3_033_792, 's': 5_642_688, 'l1': 11_288_592, 'l3': 27_469_760}
 
 

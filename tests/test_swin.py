@@ -14,6 +14,8 @@ from mmplugin.checkpoint import CheckpointError
 from mmplugin.models import SwinTransformer, SwinTransformerV2
 from mmplugin.reference.swin import ReferenceSwin
 
+pytestmark = pytest.mark.numeric  # rerun on older CPU kernel families by tools/run_tests.sh
+
 KEYS = DATA / 'official_keys_swin.txt'
 TINY = dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24])
 SMALL_ARCH = dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8])

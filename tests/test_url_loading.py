@@ -1,4 +1,4 @@
-"""Issue 9 item 4: checkpoints from http(s) URLs, served by a local HTTP server on 127.0.0.1 (no outside network).
+"""Checkpoints from http(s) URLs, served by a local HTTP server on 127.0.0.1 (no outside network).
 
 Downloaded once into the torch hub cache (``TORCH_HOME`` points into tmp_path), atomically, and loaded through the
 same weights-only path as local files: ``init_cfg``, mmengine's ``load_checkpoint`` / ``CheckpointLoader``

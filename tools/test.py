@@ -1,14 +1,18 @@
 """Evaluate a checkpoint (COCO bbox/segm AP, ADE20K mIoU, ...) with an mmdet or mmseg config.
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--tta] [--show-dir DIR] [--cfg-options ...]
-        [--allow-partial] [--launcher none|pytorch|slurm] [--compile]
-        [--fast [auto|bf16|fp16]]
+        [--format-only --out-dir DIR] [--out FILE.pkl] [--allow-partial] [--launcher none|pytorch|slurm]
+        [--compile] [--fast [auto|bf16|fp16]]
 
 CHECKPOINT is a path or an http(s) URL (downloaded once into the torch hub cache). Checkpoints load with
 weights-only semantics (see mmplugin.checkpoint) and strictly: one that does not fit the model of CONFIG (a
 backbone-only or another model's checkpoint) is an error listing the first missing / unexpected keys, unless
 ``--allow-partial`` is given.
+Published whole-model checkpoints (official Swin detection / segmentation repositories, mmdet / mmseg model
+zoos) load as they are: their backbone part is converted on the fly (docs/published_checkpoints.md).
 ``--tta`` uses the config's ``tta_model`` / ``tta_pipeline`` (multi-scale + flip).
+``--format-only --out-dir DIR`` writes test-server files instead of scoring (COCO results json; ADE20K PNG label
+maps), ``--out FILE.pkl`` dumps the raw predictions, ``--show-dir DIR`` draws every prediction: docs/evaluation.md.
 """
 from __future__ import annotations
 
@@ -27,7 +31,12 @@ def parse_args(argv=None):
     p.add_argument('checkpoint')
     p.add_argument('--work-dir')
     p.add_argument('--tta', action='store_true', help="test-time augmentation from the config's tta_* entries")
-    p.add_argument('--show-dir', help='save visualised predictions here (inside the work dir)')
+    p.add_argument('--show-dir', help='draw every prediction into this folder (detectors and segmentors)')
+    p.add_argument('--format-only', action='store_true',
+                   help='write test-server files into --out-dir instead of scoring (COCO results json for '
+                        'bbox / segm; PNG label maps for segmentors)')
+    p.add_argument('--out-dir', help='folder of the --format-only files')
+    p.add_argument('--out', help='dump the raw predictions to this .pkl file (as mmdet\'s / mmseg\'s test tools)')
     p.add_argument('--compile', action='store_true',
                    help='torch.compile the backbone and neck (fullgraph, dynamic shapes); pays off on GPUs')
     p.add_argument('--fast', nargs='?', const='auto', choices=('auto', 'bf16', 'fp16'), default=None,
@@ -40,6 +49,8 @@ def parse_args(argv=None):
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = p.parse_args(argv)
+    if args.format_only != bool(args.out_dir):
+        p.error('--format-only and --out-dir go together')
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args
 
@@ -51,6 +62,18 @@ def _plain(v):
         return v
 
 
+def _apply_evaluation_options(cfg, args) -> None:
+    """--tta, --format-only / --out-dir and --show-dir on the config (mmplugin.utils.evaluation)."""
+    from mmplugin.utils.evaluation import configure_format_only, configure_show_dir, configure_tta
+    if args.tta:
+        configure_tta(cfg)
+    if args.format_only:
+        for path in configure_format_only(cfg, args.out_dir):
+            print(f'--format-only: writing {path}')
+    if args.show_dir:
+        print(f'--show-dir: drawing predictions into {configure_show_dir(cfg, args.show_dir)}')
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     import mmplugin  # noqa: F401
@@ -58,7 +81,8 @@ def main(argv=None) -> int:
     from mmengine.runner import Runner
 
     from mmplugin.checkpoint import CheckpointError, check_checkpoint_fits, is_url, load_checkpoint_file
-    from mmplugin.utils import DatasetMissingError, check_datasets, prepare_runner_cfg
+    from mmplugin.utils import DatasetConfigError, check_datasets, prepare_runner_cfg
+    from mmplugin.utils.evaluation import TestOptionError, add_dump_metric, check_dump_path, is_segmentor_cfg
 
     for what, path in (('config', args.config), ('checkpoint', args.checkpoint)):
         if not osp.isfile(path) and not (what == 'checkpoint' and is_url(path)):
@@ -70,31 +94,23 @@ def main(argv=None) -> int:
     try:
         check_datasets(cfg, splits=('test', ))
         ckpt = load_checkpoint_file(args.checkpoint)  # fail fast, with a clear message, on a bad file
-    except (DatasetMissingError, CheckpointError) as err:
+    except (DatasetConfigError, CheckpointError) as err:
         print(f'error: {err}', file=sys.stderr)
         return 2
     args.resume = None
     prepare_runner_cfg(cfg, args)
     cfg.load_from = args.checkpoint
     cfg.model.get('backbone', {}).pop('init_cfg', None)  # weights come from the checkpoint
-    if args.tta:
-        if 'tta_model' not in cfg or 'tta_pipeline' not in cfg:
-            print('error: --tta needs tta_model and tta_pipeline in the config', file=sys.stderr)
-            return 2
-        cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
-        cfg.tta_model.module = cfg.model
-        cfg.model = cfg.tta_model
-    if args.show_dir:
-        vis = cfg.default_hooks.get('visualization')
-        if vis is not None:
-            vis.draw = True
-            vis.show = False
-            vis.setdefault('interval', 1)
-            if 'img_out_dir' in vis or vis.get('type', '').endswith('SegVisualizationHook'):
-                vis['img_out_dir'] = args.show_dir
-            else:
-                vis['test_out_dir'] = args.show_dir
+    try:
+        _apply_evaluation_options(cfg, args)
+        if args.out:
+            check_dump_path(args.out)
+    except TestOptionError as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
     runner = Runner.from_cfg(cfg)
+    if args.out:
+        print(f'--out: dumping raw predictions to {add_dump_metric(runner, args.out, is_segmentor_cfg(cfg))}')
     problem = check_checkpoint_fits(runner.model, ckpt, source=args.checkpoint, model_name=args.config)
     del ckpt
     if problem and not args.allow_partial:

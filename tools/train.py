@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     from mmengine.runner import Runner
 
     from mmplugin.checkpoint import CheckpointError
-    from mmplugin.utils import DatasetMissingError, check_datasets, prepare_runner_cfg
+    from mmplugin.utils import DatasetConfigError, check_datasets, prepare_runner_cfg
 
     if not osp.isfile(args.config):
         print(f'error: config file not found: {args.config}', file=sys.stderr)
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
         cfg.merge_from_dict(args.cfg_options)
     try:
         check_datasets(cfg, splits=('train', 'val') if cfg.get('val_cfg') else ('train', ))
-    except DatasetMissingError as err:
+    except DatasetConfigError as err:
         print(f'error: {err}', file=sys.stderr)
         return 2
     try:

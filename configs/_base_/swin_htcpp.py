@@ -79,13 +79,18 @@ optim_wrapper = dict(
         'norm': dict(decay_mult=0.),
     }))
 auto_scale_lr = dict(enable=False, base_batch_size=16)
-# multi-scale + flip test (tools/test.py --tta): 58.0 / 50.4 minival, 58.7 / 51.1 test-dev for Swin-L
-tta_model = dict(type='DetTTAModel',
+# multi-scale + flip test (tools/test.py --tta): 58.0 / 50.4 minival, 58.7 / 51.1 test-dev for Swin-L. The paper
+# publishes neither the test scales nor how the views were merged; these are the public HTC++ reconstruction's
+# (czczup/ViT-Adapter, detection/configs/htc++/htc++_swin_large_patch4_window12_384_fpn_3x_coco_ms.py at 9fc8196:
+# MultiScaleFlipAug over shorter sides 600-1600 in steps of 200, longer side <= 3000, flip, soft-NMS 0.5). It merged
+# the views inside the mmdet 2.x HTC head (aug_test, with per-scale size ranges), which mmdet 3.x no longer has; here
+# mmplugin.MaskDetTTAModel merges the 12 views' detections (boxes and masks; mmdet's DetTTAModel refuses masks).
+tta_model = dict(type='mmplugin.MaskDetTTAModel',
                  tta_cfg=dict(nms=dict(type='soft_nms', iou_threshold=0.5), max_per_img=100))
 tta_pipeline = [
     dict(type='LoadImageFromFile', backend_args=None),
     dict(type='TestTimeAug', transforms=[
-        [dict(type='Resize', scale=s, keep_ratio=True) for s in [(1600, 1000), (1600, 1200), (1600, 1400)]],
+        [dict(type='Resize', scale=(3000, s), keep_ratio=True) for s in (600, 800, 1000, 1200, 1400, 1600)],
         [dict(type='RandomFlip', prob=1.), dict(type='RandomFlip', prob=0.)],
         [dict(type='LoadAnnotations', with_bbox=True)],
         [dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor',

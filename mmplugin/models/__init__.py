@@ -1,5 +1,7 @@
-"""Models. Importing this package registers every backbone and neck in :data:`mmplugin.registry.MODELS`."""
+"""Models. Importing this package registers every backbone, neck and test-time augmentation wrapper in
+:data:`mmplugin.registry.MODELS`."""
 from .backbones import SwiftFormer, SwinTransformer, SwinTransformerV2
 from .necks import GlobalAttentionNeck
+from .tta import MaskDetTTAModel
 
-__all__ = ['SwiftFormer', 'SwinTransformer', 'SwinTransformerV2', 'GlobalAttentionNeck']
+__all__ = ['SwiftFormer', 'SwinTransformer', 'SwinTransformerV2', 'GlobalAttentionNeck', 'MaskDetTTAModel']

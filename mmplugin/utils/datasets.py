@@ -1,9 +1,12 @@
 """Check that a config's datasets exist before anything expensive is built, and say how to get them."""
 from __future__ import annotations
 
+import json
+import os
 import os.path as osp
 
-__all__ = ['DatasetMissingError', 'check_datasets']
+__all__ = ['DatasetConfigError', 'DatasetMissingError', 'DatasetClassesError', 'check_datasets',
+           'annotation_categories']
 
 _HINTS = {
     'CocoDataset': ('COCO 2017', 'data/coco/{annotations/instances_train2017.json, annotations/instances_val2017.json, '
@@ -21,8 +24,16 @@ _HINTS = {
 }
 
 
-class DatasetMissingError(FileNotFoundError):
+class DatasetConfigError(Exception):
+    """A config's dataset cannot be used as configured (the tools print the message and exit with status 2)."""
+
+
+class DatasetMissingError(DatasetConfigError, FileNotFoundError):
     """A dataset a config needs is not on disk."""
+
+
+class DatasetClassesError(DatasetConfigError, ValueError):
+    """A config's class names match none of its COCO-format annotation file's categories."""
 
 
 def _leaf_datasets(ds):
@@ -40,7 +51,9 @@ def _join(root: str, path: str) -> str:
 
 
 def check_datasets(cfg, splits=('train', 'val', 'test')) -> None:
-    """Raise :class:`DatasetMissingError` naming every missing path of the given splits, with download hints.
+    """Raise :class:`DatasetMissingError` naming every missing path of the given splits, with download hints, then
+    :class:`DatasetClassesError` when a COCO-format dataset's class names match none of its annotation file's
+    categories (see :func:`check_class_names`).
 
     Args:
         cfg: an mmengine ``Config``.
@@ -76,3 +89,86 @@ def check_datasets(cfg, splits=('train', 'val', 'test')) -> None:
         lines.append('Point the config elsewhere with --cfg-options train_dataloader.dataset.data_root=PATH '
                      '(and val_/test_dataloader likewise), or run the bundled demo: bash tools/demo.sh')
         raise DatasetMissingError('\n'.join(lines))
+    check_class_names(cfg, splits)
+
+
+_TAIL_BYTES = 4 << 20  # COCO writes 'categories' last: the tail of a large file holds it
+_WHOLE_FILE_LIMIT = 64 << 20
+
+
+def annotation_categories(path: str) -> list[str] | None:
+    """The category names of a COCO-format annotation file, or ``None`` when they cannot be read cheaply.
+
+    Files up to 64 MiB are parsed whole; of larger ones (``instances_train2017.json``: 448 MiB) only the last
+    4 MiB are read, where COCO's own files and ``json.dump`` of a dict in COCO's key order keep ``categories``.
+    """
+    size = os.path.getsize(path)
+    with open(path, 'rb') as f:
+        if size <= _WHOLE_FILE_LIMIT:
+            try:
+                data = json.loads(f.read())
+            except ValueError:
+                return None
+            cats = data.get('categories') if isinstance(data, dict) else None
+            return [c.get('name') for c in cats] if isinstance(cats, list) else None
+        f.seek(max(0, size - _TAIL_BYTES))
+        tail = f.read().decode('utf-8', errors='ignore')
+    at = tail.rfind('"categories"')
+    if at < 0:
+        return None
+    start = tail.find('[', at)
+    try:
+        cats, _ = json.JSONDecoder().raw_decode(tail[start:])
+    except ValueError:
+        return None
+    return [c.get('name') for c in cats if isinstance(c, dict)] if isinstance(cats, list) else None
+
+
+def _config_classes(ds: dict):
+    """The class names a dataset config selects: its ``metainfo.classes``, else its class's ``METAINFO``."""
+    meta = ds.get('metainfo') or {}
+    if meta.get('classes'):
+        return list(meta['classes']), 'metainfo.classes'
+    try:
+        from mmdet.registry import DATASETS
+        cls = DATASETS.get(ds.get('type'))
+    except ImportError:
+        return None, None
+    classes = getattr(cls, 'METAINFO', {}).get('classes') if cls is not None else None
+    return (list(classes), f'{ds.get("type")}.METAINFO (no metainfo in the config)') if classes else (None, None)
+
+
+def check_class_names(cfg, splits=('train', 'val', 'test')) -> None:
+    """Raise :class:`DatasetClassesError` when a COCO-format dataset of ``splits`` names classes of which none is a
+    category of its annotation file.
+
+    mmdet's ``CocoDataset`` keeps only the annotation file's categories whose names are in the config's classes
+    (mmdet's 80 COCO names when the config sets no ``metainfo``) and then drops the images without any of them; when
+    nothing matches, every image is filtered out and training dies much later in a sampler with "need at least one
+    array to concatenate". Changing ``num_classes`` in the heads does not change the names.
+    """
+    problems = []
+    for split in splits:
+        loader = cfg.get(f'{split}_dataloader')
+        if not loader:
+            continue
+        for ds in _leaf_datasets(loader.get('dataset')):
+            ann = ds.get('ann_file')
+            if not ann or not str(ann).endswith('.json'):
+                continue
+            path = _join(ds.get('data_root', '') or '', ann)
+            if not osp.isfile(path):
+                continue
+            names = annotation_categories(path)
+            classes, source = _config_classes(ds)
+            if not names or not classes or set(names) & set(classes):
+                continue
+            shown = ', '.join(repr(c) for c in classes[:5]) + (', ...' if len(classes) > 5 else '')
+            problems.append(f'  [{split}] {path}: categories {names[:10]}{" ..." if len(names) > 10 else ""}; '
+                            f'the config\'s classes ({source}, {len(classes)}): {shown}')
+    if problems:
+        raise DatasetClassesError(
+            'the config\'s class names match none of the annotation file\'s categories, so mmdet would drop every '
+            'image:\n' + '\n'.join(problems) + '\nSet the class names of your dataset in every dataloader (and '
+            'num_classes in the heads), e.g. metainfo = dict(classes=(...)) and '
+            'train_dataloader = dict(dataset=dict(metainfo=metainfo)) (likewise val_ / test_dataloader).')

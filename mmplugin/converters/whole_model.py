@@ -1,0 +1,224 @@
+"""Whole-model (detector / segmentor) checkpoints in any published layout -> a model with plugin backbones.
+
+A detector or segmentor checkpoint is the backbone's weights under ``backbone.`` plus the neck's and heads' weights.
+The published ones differ from the plugin's own only in the backbone part:
+
+* the official Swin detection / segmentation repositories (mmdet 2.x / mmseg 0.x era): the official backbone names,
+  which the plugin keeps, plus the persistent ``relative_position_index`` buffers (and ``attn_mask`` where saved);
+* mmdet 3.x's / mmseg 1.x's model zoos: mmdet's ``SwinTransformer`` layout (``patch_embed.projection``,
+  ``stages.i.blocks.j.attn.w_msa.*``, ``ffn.layers.*``, ``nn.Unfold`` patch-merging order);
+* the plugin's own files (nothing to convert).
+
+Necks and heads have the same keys and shapes in mmdet 2.x and 3.x and in mmseg 0.x and 1.x for the models the
+plugin mirrors (Mask R-CNN, Cascade Mask R-CNN, RetinaNet, ATSS, Sparse R-CNN, HTC, UperNet + FCN), so they are
+taken as they are. :func:`convert_model_state_dict` finds every plugin backbone inside a model, converts the
+checkpoint keys under its prefix with the family's converter (the same pure function ``init_cfg`` uses) and leaves
+the rest alone; whether the result fits is decided by :func:`mmplugin.checkpoint.check_checkpoint_fits` (tools)
+or by mmengine's loader (``load_from``), never here.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ..checkpoint import CheckpointError, is_optional_key
+
+__all__ = [
+    'BackboneConversion', 'ModelConversion', 'convert_model_state_dict', 'strict_model_state_dict', 'plugin_backbones',
+    'layout_name'
+]
+
+# (family, layout reported by the family's detector) -> the name the log line and messages use
+_LAYOUT_NAMES = {
+    ('swin', 'official'): 'official Swin (microsoft/Swin-Transformer and its detection / segmentation repositories)',
+    ('swinv2', 'official'): 'official Swin V2 (microsoft/Swin-Transformer)',
+    ('swin', 'openmmlab'): 'OpenMMLab (mmdet / mmseg / mmpretrain SwinTransformer)',
+    ('swinv2', 'openmmlab'): 'OpenMMLab (mmpretrain SwinTransformerV2)',
+    ('swin', 'timm'): 'timm',
+    ('swinv2', 'timm'): 'timm',
+    ('swiftformer', 'official'): 'official SwiftFormer (Amshaker/SwiftFormer)',
+    ('swiftformer', 'timm'): 'timm',
+}
+
+
+def layout_name(family: str, sd: Mapping[str, torch.Tensor]) -> str:
+    """Human-readable name of the layout of backbone state dict ``sd`` (keys relative to the backbone)."""
+    from .swiftformer import detect_swiftformer_layout
+    from .swin import detect_swin_layout
+    detectors = {'swin': detect_swin_layout, 'swinv2': detect_swin_layout, 'swiftformer': detect_swiftformer_layout}
+    try:
+        layout = detectors[family](dict(sd)) if family in detectors else 'unknown'
+    except CheckpointError:
+        return 'unrecognised'
+    return _LAYOUT_NAMES.get((family, layout), layout)
+
+
+def plugin_backbones(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """``(prefix, module)`` of every plugin backbone below the model's root (``'backbone.'`` for detectors and
+    segmentors), outermost first; model wrappers (DDP, TTA) are looked through like any other container."""
+    from ..models.backbones.base import BaseBackbone
+    found: list[tuple[str, nn.Module]] = []
+    for name, m in model.named_modules():
+        if not name or not isinstance(m, BaseBackbone):
+            continue
+        if any(name.startswith(p) for p, _ in found):  # a backbone inside a backbone belongs to the outer one
+            continue
+        found.append((name + '.', m))
+    return found
+
+
+def _fits(sd: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor]) -> bool:
+    """Same keys (BatchNorm counters optional) and shapes."""
+    if any(k not in own for k in sd):
+        return False
+    if any(k not in sd for k in own if not is_optional_key(k)):
+        return False
+    return all(not isinstance(v, torch.Tensor) or v.shape == own[k].shape for k, v in sd.items())
+
+
+@dataclass
+class BackboneConversion:
+    """What happened to the keys under one backbone prefix."""
+    prefix: str
+    family: str
+    layout: str  # human-readable source layout
+    converted: bool  # False: already in the model's layout (or conversion refused, see ``error``)
+    num_tensors: int = 0
+    dropped: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass
+class ModelConversion:
+    """Result of :func:`convert_model_state_dict`: the state dict to load and what was done to it."""
+    state_dict: dict[str, torch.Tensor]
+    backbones: list[BackboneConversion] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return any(b.converted for b in self.backbones)
+
+    def describe(self) -> str | None:
+        """One line naming what was converted from which layout; None when nothing was."""
+        parts = []
+        for b in self.backbones:
+            if b.converted:
+                derived = [k for k in b.dropped if k.rsplit('.', 1)[-1] in _DERIVED_NAMES]
+                other = [k for k in b.dropped if k not in derived]
+                note = f'; dropped {len(derived)} derived buffers (regenerated by the model)' if derived else ''
+                note += f'; dropped {len(other)} other keys ({", ".join(other[:3])})' if other else ''
+                parts.append(f'{b.prefix.rstrip(".")} ({b.num_tensors} tensors) from the {b.layout} layout to '
+                             f'mmplugin\'s {b.family} layout{note}')
+        if not parts:
+            return None
+        return 'whole-model checkpoint: converted ' + '; '.join(parts) + '; all other keys taken as they are'
+
+    def problems(self) -> list[str]:
+        """Why a backbone part could not be converted (for the "does not fit" message)."""
+        return [f'its {b.prefix.rstrip(".")} part looks like the {b.layout} layout but cannot be converted: '
+                f'{b.error}' for b in self.backbones if b.error]
+
+
+_DERIVED_NAMES = ('relative_position_index', 'relative_coords_table', 'attn_mask')
+
+
+def _window_problem(backbone: nn.Module, sd: Mapping[str, torch.Tensor]) -> str | None:
+    """A Swin V1 checkpoint trained with another window: its bias tables would have to be resized, which is right for
+    fine-tuning from an ImageNet file but wrong for evaluating a trained detector; say which window it has."""
+    windows = getattr(backbone, 'window_sizes', None)
+    if windows is None or getattr(backbone, 'v2', False):
+        return None
+    for k, v in sd.items():
+        if not k.endswith('relative_position_bias_table') or v.ndim != 2:
+            continue
+        m = re.match(r'(?:layers|stages)\.(\d+)\.', k)
+        stage = int(m.group(1)) if m else 0
+        side = math.isqrt(v.shape[0])
+        if side * side == v.shape[0] and stage < len(windows) and (side + 1) // 2 != windows[stage]:
+            return (f'{k} is for window {(side + 1) // 2} but the model has window_size={windows[stage]}: build the '
+                    f'model with model.backbone.window_size={(side + 1) // 2} (a trained detector is evaluated with '
+                    'the window it was trained with; resizing is for fine-tuning, with init_cfg)')
+    return None
+
+
+def convert_model_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Tensor]) -> ModelConversion:
+    """Convert the backbone parts of a whole-model state dict to ``model``'s layout.
+
+    Args:
+        model: the detector / segmentor (wrappers are unwrapped). Only plugin backbones below the root are
+            considered; a model without one gets ``state_dict`` back unchanged.
+        state_dict: keys of the whole model (``module.`` prefixes are removed), e.g. ``ckpt['state_dict']``.
+
+    Returns:
+        :class:`ModelConversion`. Keys under a backbone prefix that already fit that backbone (keys and shapes)
+        are kept as they are; otherwise they are replaced by the family converter's output. A backbone part the
+        converter refuses is kept unchanged and the reason recorded (:meth:`ModelConversion.problems`). Nothing
+        is checked outside the backbones.
+    """
+    while hasattr(model, 'module') and isinstance(model.module, nn.Module):
+        model = model.module
+    sd = {re.sub(r'^module\.', '', str(k)): v for k, v in state_dict.items()}
+    result = ModelConversion(sd)
+    for prefix, backbone in plugin_backbones(model):
+        sub = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix) and isinstance(v, torch.Tensor)}
+        if not sub:
+            continue
+        family = type(backbone).family or type(backbone).__name__
+        own = backbone.state_dict()
+        if _fits(sub, own):
+            result.backbones.append(BackboneConversion(prefix, family, 'mmplugin', False, len(sub)))
+            continue
+        layout = layout_name(family, sub)
+        record = BackboneConversion(prefix, family, layout, False, len(sub))
+        result.backbones.append(record)
+        if layout == 'unrecognised':
+            continue  # another family's or no backbone's weights: the fit check names the keys
+        try:
+            problem = _window_problem(backbone, sub)
+            if problem:
+                raise CheckpointError(problem)
+            converted, dropped = type(backbone).convert(sub, out_indices=backbone.out_indices)
+        except CheckpointError as err:
+            record.error = str(err)
+            continue
+        rest = {k: v for k, v in sd.items() if not k.startswith(prefix)}
+        sd = {**{prefix + k: v for k, v in converted.items()}, **rest}
+        record.converted, record.dropped = True, list(dropped)
+        result.state_dict = sd
+    return result
+
+
+def strict_model_state_dict(model: nn.Module, ckpt: object, *, source: str = 'the checkpoint',
+                            model_name: str = 'the model') -> tuple[dict[str, torch.Tensor], ModelConversion]:
+    """The whole-model state dict that ``model.load_state_dict(..., strict=True)`` accepts, from a checkpoint in any
+    supported layout (``tools/convert_checkpoint.py --config``).
+
+    Args:
+        model: the detector / segmentor built from the target config.
+        ckpt: the loaded checkpoint (``{'state_dict': ...}`` or a plain state dict).
+        source, model_name: how an error message names the two.
+
+    Returns:
+        ``(state_dict, conversion)``: every key of ``model.state_dict()`` in its order (BatchNorm counters the file
+        lacks are taken from the model), and what was converted.
+
+    Raises:
+        CheckpointError: the converted file still does not fit (the message of
+            :func:`mmplugin.checkpoint.check_checkpoint_fits`).
+    """
+    from ..checkpoint import check_checkpoint_fits
+    while hasattr(model, 'module') and isinstance(model.module, nn.Module):
+        model = model.module
+    problem = check_checkpoint_fits(model, ckpt, source=source, model_name=model_name)
+    if problem:
+        raise CheckpointError(problem)
+    sd = ckpt.get('state_dict', ckpt) if isinstance(ckpt, Mapping) else ckpt
+    conversion = convert_model_state_dict(model, sd)
+    own = model.state_dict()
+    out = {k: conversion.state_dict[k] if k in conversion.state_dict else v.clone() for k, v in own.items()}
+    return out, conversion

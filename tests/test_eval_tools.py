@@ -1,0 +1,442 @@
+"""The evaluation tools on the demo data with randomly initialised demo models: test-server files
+(``tools/test.py --format-only``), raw prediction dumps (``--out``), drawings (``--show-dir``), multi-scale + flip
+testing (``--tta``, :class:`mmplugin.models.tta.MaskDetTTAModel`), machine-readable predictions of
+``tools/infer.py`` (``--pred-out``), and the dataset check of class names against the annotation file.
+
+References: pycocotools (``loadRes``, ``COCOeval``), mmdet's ``DetInferencer`` / ``DetTTAModel``, mmseg's
+``inference_model``, the images on disk.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DET = str(ROOT / 'configs/demo/swiftformer_xs_maskrcnn_shapes.py')
+SEG = str(ROOT / 'configs/demo/swiftformer_xs_semfpn_shapes.py')
+CLASSES = ('circle', 'rectangle', 'triangle')
+NUM_VAL = 3
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(f'_eval_{name}', ROOT / 'tools' / f'{name}.py')
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _loader_opts():
+    return ['test_dataloader.num_workers=0', 'test_dataloader.persistent_workers=False']
+
+
+@pytest.fixture(scope='module')
+def demo(tmp_path_factory):
+    """Demo data (3 validation images each) and random-weight checkpoints of the demo detector / segmentor."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+
+    import mmplugin  # noqa: F401
+    root = tmp_path_factory.mktemp('eval')
+    from mmplugin.demo import make_instance_dataset, make_semantic_dataset
+    make_instance_dataset(str(root / 'coco'), num_train=2, num_val=NUM_VAL, seed=0)
+    make_semantic_dataset(str(root / 'ade'), num_train=2, num_val=NUM_VAL, seed=1)
+    out = {'root': root}
+    for kind, cfg_path in (('det', DET), ('seg', SEG)):
+        init_default_scope('mmdet' if kind == 'det' else 'mmseg')
+        from mmengine.registry import MODELS
+        torch.manual_seed(0)
+        model = MODELS.build(Config.fromfile(cfg_path).model)
+        model.init_weights()
+        torch.save({'meta': {'iter': 1}, 'state_dict': model.state_dict()}, root / f'{kind}.pth')
+        out[kind] = str(root / f'{kind}.pth')
+    # the same segmentor with reduce_zero_label (ADE20K's encoding): 3 classes, label 0 ignored
+    init_default_scope('mmseg')
+    from mmengine.registry import MODELS
+    cfg = Config.fromfile(SEG)
+    cfg.model.decode_head.num_classes = 3
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    torch.save({'state_dict': model.state_dict()}, root / 'seg3.pth')
+    out['seg3'] = str(root / 'seg3.pth')
+    return out
+
+
+def det_opts(demo):
+    sub = demo['root'] / 'coco'
+    return [f'test_dataloader.dataset.data_root={sub}/',
+            f'test_evaluator.ann_file={sub}/annotations/instances_val.json', *_loader_opts()]
+
+
+def seg_opts(demo):
+    return [f'test_dataloader.dataset.data_root={demo["root"] / "ade"}', *_loader_opts()]
+
+
+def _metrics(out: str) -> dict:
+    """The metrics dict tools/test.py prints last."""
+    import ast
+    line = [ln for ln in out.splitlines() if ln.startswith('{')][-1]
+    return ast.literal_eval(line)
+
+
+# ------------------------------------------------------------------------------------------ test-server submission
+def test_format_only_coco_json_is_what_was_evaluated(tmp_path, demo, capsys):
+    """results.bbox.json / results.segm.json: loadRes reads them, they hold the dumped predictions, and COCOeval on
+    them gives the AP that tools/test.py reports for the same checkpoint."""
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+    from pycocotools import mask as mask_util
+    test = _tool('test')
+    assert test.main([DET, demo['det'], '--work-dir', str(tmp_path / 'w1'), '--cfg-options', *det_opts(demo)]) == 0
+    scored = _metrics(capsys.readouterr().out)
+    sub, pkl = tmp_path / 'submission', tmp_path / 'raw.pkl'
+    assert test.main([DET, demo['det'], '--work-dir', str(tmp_path / 'w2'), '--format-only', '--out-dir', str(sub),
+                      '--out', str(pkl), '--cfg-options', *det_opts(demo)]) == 0
+    assert _metrics(capsys.readouterr().out) == {}  # nothing scored
+    gt = COCO(str(demo['root'] / 'coco/annotations/instances_val.json'))
+    raw = pickle.loads(pkl.read_bytes())
+    assert len(raw) == NUM_VAL
+    bbox = json.loads((sub / 'results.bbox.json').read_text())
+    segm = json.loads((sub / 'results.segm.json').read_text())
+    assert len(bbox) == len(segm) == sum(len(r['pred_instances']['scores']) for r in raw) > 0
+    cat_ids = gt.getCatIds(catNms=list(CLASSES))
+    for r in raw:
+        p = r['pred_instances']
+        mine = [d for d in bbox if d['image_id'] == r['img_id']]
+        b = p['bboxes'].numpy()
+        want = np.concatenate([b[:, :2], b[:, 2:] - b[:, :2]], 1)
+        assert np.allclose([d['bbox'] for d in mine], want, atol=1e-3)
+        assert np.allclose([d['score'] for d in mine], p['scores'].numpy(), atol=1e-6)
+        assert [d['category_id'] for d in mine] == [cat_ids[i] for i in p['labels'].tolist()]
+        masks = [d['segmentation'] for d in segm if d['image_id'] == r['img_id']]
+        for got, ref in zip(masks, p['masks']):  # DumpDetResults keeps masks as RLE
+            assert (mask_util.decode(got) == mask_util.decode(ref)).all()
+    for kind, key in (('bbox', 'coco/bbox_mAP'), ('segm', 'coco/segm_mAP')):
+        dt = gt.loadRes(str(sub / f'results.{kind}.json'))
+        ev = COCOeval(gt, dt, kind)
+        ev.evaluate()
+        ev.accumulate()
+        ev.summarize()
+        assert round(ev.stats[0], 3) == pytest.approx(scored[key], abs=1e-3), kind
+
+
+def _write_cfg(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def test_format_only_ade20k_pngs_in_server_encoding(tmp_path, demo):
+    """With reduce_zero_label (ADE20K) the PNGs hold the raw predictions + 1, i.e. 1..num_classes, one per test image,
+    named after it; the test images need no label maps."""
+    ade = demo['root'] / 'ade'
+    cfg = _write_cfg(tmp_path / 'ade_test.py', f'''
+_base_ = [{SEG!r}]
+metainfo = dict(classes=('circle', 'rectangle', 'triangle'), palette=[[220, 20, 60], [0, 160, 0], [30, 60, 230]])
+model = dict(decode_head=dict(num_classes=3))
+test_dataloader = dict(num_workers=0, persistent_workers=False, dataset=dict(
+    data_root={str(ade)!r}, metainfo=metainfo, reduce_zero_label=True,
+    data_prefix=dict(img_path='images/validation', seg_map_path='')))
+''')
+    sub, pkl = tmp_path / 'pngs', tmp_path / 'raw.pkl'
+    assert _tool('test').main([cfg, demo['seg3'], '--work-dir', str(tmp_path / 'w'), '--format-only', '--out-dir',
+                               str(sub), '--out', str(pkl)]) == 0
+    raw = {Path(r['img_path']).stem: r for r in pickle.loads(pkl.read_bytes())}
+    images = sorted(p.stem for p in (ade / 'images/validation').iterdir())
+    assert sorted(p.stem for p in sub.iterdir()) == images == sorted(raw)
+    seen = set()
+    for name in images:
+        png = cv2.imread(str(sub / f'{name}.png'), cv2.IMREAD_UNCHANGED)
+        pred = raw[name]['pred_sem_seg']['data'].squeeze(0).numpy()
+        assert png.dtype == np.uint8 and png.shape == cv2.imread(str(ade / f'images/validation/{name}.png')).shape[:2]
+        assert (png == pred + 1).all()
+        seen |= set(np.unique(png).tolist())
+    assert seen <= {1, 2, 3} and seen
+
+
+def test_format_only_refuses_other_metrics(tmp_path, demo, capsys):
+    rc = _tool('test').main([DET, demo['det'], '--work-dir', str(tmp_path), '--format-only', '--out-dir',
+                             str(tmp_path / 'o'), '--cfg-options', *det_opts(demo), 'test_evaluator.type=VOCMetric'])
+    assert rc == 2 and "'VOCMetric'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        _tool('test').parse_args([DET, demo['det'], '--format-only'])  # no --out-dir
+    rc = _tool('test').main([DET, demo['det'], '--out', str(tmp_path / 'x.json'), '--cfg-options', *det_opts(demo)])
+    assert rc == 2 and '.pkl' in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------------ --show-dir
+def _run(*args, timeout=600):
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, 'OMP_NUM_THREADS': '1'})
+
+
+@pytest.mark.parametrize('kind', ['det', 'seg'])
+def test_show_dir_draws_every_image(tmp_path, demo, kind):
+    """One drawing per test image, for the demo detector (mmdet's hook) and the demo segmentor, whose config has no
+    visualisation hook (mmseg's is added). Own process: mmengine's visualizer is a process-wide instance."""
+    cfg, opts = (DET, det_opts(demo)) if kind == 'det' else (SEG, seg_opts(demo))
+    show = tmp_path / 'show'
+    out = _run('tools/test.py', cfg, demo[kind], '--work-dir', str(tmp_path / 'w'), '--show-dir', str(show),
+               '--cfg-options', *opts)
+    assert out.returncode == 0, out.stderr[-3000:]
+    pngs = sorted(show.glob('*.png'))
+    assert len(pngs) == NUM_VAL, (pngs, out.stdout[-2000:])
+    src = sorted((demo['root'] / ('coco/val' if kind == 'det' else 'ade/images/validation')).iterdir())
+    for png, img in zip(pngs, src):
+        drawn, src_img = cv2.imread(str(png)), cv2.imread(str(img))
+        # mmdet draws ground truth | prediction side by side, mmseg the prediction over the image
+        assert drawn.shape[0] == src_img.shape[0] and drawn.shape[1] in (src_img.shape[1], 2 * src_img.shape[1])
+        assert png.stem == img.stem
+    assert str(show) in out.stdout
+
+
+def test_show_dir_config_of_shipped_ade20k_config_builds(tmp_path):
+    """The shipped ADE20K configs carry mmseg's SegVisualizationHook (which has no img_out_dir): the show-dir hook
+    replaces it and builds."""
+    from mmengine.config import Config
+    from mmengine.registry import HOOKS, init_default_scope
+    from mmseg.registry import VISUALIZERS
+
+    import mmplugin  # noqa: F401
+    from mmplugin.utils.evaluation import configure_show_dir
+    cfg = Config.fromfile(str(ROOT / 'configs/swin_t_upernet_ade20k.py'))
+    assert cfg.default_hooks.visualization.type == 'SegVisualizationHook'
+    assert configure_show_dir(cfg, str(tmp_path / 'show')) == str(tmp_path / 'show')
+    init_default_scope('mmseg')
+    VISUALIZERS.build(dict(cfg.visualizer, name='show_dir_check'))  # the hook draws with the visualizer
+    hook = HOOKS.build(cfg.default_hooks.visualization)
+    assert hook.draw is True and hook.out_dir == str(tmp_path / 'show')
+
+
+# ------------------------------------------------------------------------------------------------------------ --tta
+def _tta_cfg(tmp_path: Path, scales, flips) -> str:
+    flip = ', '.join(f'dict(type="RandomFlip", prob={p})' for p in flips)
+    return _write_cfg(tmp_path / f'tta_{len(scales)}_{len(flips)}.py', f'''
+_base_ = [{DET!r}, 'mmplugin::_base_/det_tta.py']
+tta_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='TestTimeAug', transforms=[
+        [dict(type='Resize', scale=s, keep_ratio=True) for s in {list(scales)!r}],
+        [{flip}],
+        [dict(type='LoadAnnotations', with_bbox=True, with_mask=True)],
+        [dict(type='PackDetInputs', meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor',
+                                               'flip', 'flip_direction'))]])]
+''')
+
+
+def test_tta_on_the_demo_detector(tmp_path, demo, capsys):
+    """--tta with the shared piece: one view (192 px, no flip) reproduces the plain test exactly (NMS at the
+    detector's own threshold keeps its detections); 2 scales x 2 flips gives boxes and masks (segm AP)."""
+    test = _tool('test')
+    assert test.main([DET, demo['det'], '--work-dir', str(tmp_path / 'a'), '--cfg-options', *det_opts(demo)]) == 0
+    plain = _metrics(capsys.readouterr().out)
+    one = _tta_cfg(tmp_path, [(192, 192)], [0.])
+    assert test.main([one, demo['det'], '--tta', '--work-dir', str(tmp_path / 'b'),
+                      '--cfg-options', *det_opts(demo)]) == 0
+    assert _metrics(capsys.readouterr().out) == plain
+    four = _tta_cfg(tmp_path, [(160, 160), (224, 224)], [1., 0.])
+    pkl = tmp_path / 'tta.pkl'
+    assert test.main([four, demo['det'], '--tta', '--out', str(pkl), '--work-dir', str(tmp_path / 'c'),
+                      '--cfg-options', *det_opts(demo)]) == 0
+    got = _metrics(capsys.readouterr().out)
+    assert {'coco/bbox_mAP', 'coco/segm_mAP'} <= set(got)
+    for r in pickle.loads(pkl.read_bytes()):
+        p = r['pred_instances']
+        assert len(p['masks']) == len(p['scores']) > 0 and tuple(p['masks'][0]['size']) == r['ori_shape']
+
+
+def _views(seed=0, n=40, hw=(48, 64)):
+    """Two views of one image (not flipped / flipped horizontally) with random boxes, scores, labels and masks."""
+    from mmdet.structures import DetDataSample
+    from mmengine.structures import InstanceData
+    g = torch.Generator().manual_seed(seed)
+    views = []
+    for flip in (False, True):
+        xy = torch.rand(n, 2, generator=g) * torch.tensor([hw[1] - 10., hw[0] - 10.])
+        wh = torch.rand(n, 2, generator=g) * 20 + 2
+        inst = InstanceData(bboxes=torch.cat([xy, (xy + wh).clamp(max=torch.tensor([hw[1], hw[0]]))], 1),
+                            scores=torch.rand(n, generator=g), labels=torch.randint(0, 3, (n, ), generator=g),
+                            masks=torch.rand(n, *hw, generator=g) > 0.5)
+        views.append(DetDataSample(pred_instances=inst, metainfo=dict(ori_shape=hw, flip=flip,
+                                                                      flip_direction='horizontal' if flip else None)))
+    return views
+
+
+@pytest.mark.parametrize('nms', ['nms', 'soft_nms'])
+def test_mask_tta_model_merges_as_mmdet_and_keeps_masks(nms):
+    """Boxes, scores, labels equal mmdet's DetTTAModel (on the same views without masks); each kept mask is its
+    source view's mask, un-flipped."""
+    import copy
+
+    from mmdet.models.test_time_augs import DetTTAModel
+    from mmplugin.models import MaskDetTTAModel
+    from mmengine.config import ConfigDict
+    tta_cfg = ConfigDict(nms=dict(type=nms, iou_threshold=0.5), max_per_img=25)
+    views = _views()
+    boxes_only = copy.deepcopy(views)  # mmdet 3.3's DetTTAModel refuses views with masks
+    for v in boxes_only:
+        del v.pred_instances.masks
+
+    class Detector(torch.nn.Module):  # only the merging is exercised
+        def test_step(self, data):
+            raise AssertionError('not called')
+    ref = DetTTAModel(module=Detector(), tta_cfg=tta_cfg)._merge_single_sample(boxes_only)
+    got = MaskDetTTAModel(module=Detector(), tta_cfg=tta_cfg).merge_preds([copy.deepcopy(views)])[0]
+    r, p = ref.pred_instances, got.pred_instances
+    assert len(p) == 25
+    assert torch.equal(p.bboxes, r.bboxes) and torch.equal(p.scores, r.scores) and torch.equal(p.labels, r.labels)
+    w = views[0].metainfo['ori_shape'][1]
+    sources = [(views[0].pred_instances.bboxes[i], views[0].pred_instances.masks[i].numpy())
+               for i in range(40)]
+    for i in range(40):
+        b = views[1].pred_instances.bboxes[i]
+        unflipped = torch.stack([w - b[2], b[1], w - b[0], b[3]])
+        sources.append((unflipped, np.flip(views[1].pred_instances.masks[i].numpy(), axis=1)))
+    for box, mask in zip(p.bboxes, p.masks):
+        match = [m for b, m in sources if torch.allclose(b, box)]
+        assert len(match) == 1 and (mask.numpy() == match[0]).all()
+
+
+def test_tta_missing_says_what_to_add(tmp_path, demo, capsys):
+    test = _tool('test')
+    assert test.main([DET, demo['det'], '--tta', '--cfg-options', *det_opts(demo)]) == 2
+    assert 'mmplugin::_base_/det_tta.py' in capsys.readouterr().err
+    assert test.main([SEG, demo['seg'], '--tta', '--cfg-options', *seg_opts(demo)]) == 2
+    assert "SegTTAModel" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize('config', ['swin_b_htcpp_6x.py', 'swin_l_htcpp_6x.py', 'swin_l_htcpp_nosemantic_6x.py'])
+def test_htcpp_configs_test_at_twelve_views(config):
+    """The HTC++ configs' TTA: 6 shorter sides 600-1600 (longer side <= 3000) x flip, soft-NMS, masks kept."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmdet.registry import TRANSFORMS
+
+    import mmplugin  # noqa: F401
+    from mmplugin.utils.evaluation import configure_tta
+    cfg = Config.fromfile(str(ROOT / 'configs' / config))
+    assert cfg.tta_model.type == 'mmplugin.MaskDetTTAModel' and cfg.tta_model.tta_cfg.nms.type == 'soft_nms'
+    configure_tta(cfg)
+    assert cfg.model.type == 'mmplugin.MaskDetTTAModel' and cfg.model.module.type == 'HybridTaskCascade'
+    init_default_scope('mmdet')
+    tta = TRANSFORMS.build(cfg.test_dataloader.dataset.pipeline[1])
+    img = np.zeros((480, 640, 3), np.uint8)
+    views = tta(dict(img=img, img_shape=img.shape[:2], ori_shape=img.shape[:2], img_id=0, img_path='x.jpg',
+                     gt_bboxes=np.zeros((0, 4), np.float32), gt_bboxes_labels=np.zeros(0, np.int64),
+                     gt_ignore_flags=np.zeros(0, bool)))
+    shapes = [s.img_shape for s in views['data_samples']]
+    flips = [s.flip for s in views['data_samples']]
+    assert len(shapes) == 12 and sorted({min(s) for s in shapes}) == [600, 800, 1000, 1200, 1400, 1600]
+    assert flips.count(True) == 6
+
+
+# ------------------------------------------------------------------------------------------ infer.py --pred-out
+def test_infer_pred_out_is_det_inferencer_format(tmp_path, demo, capsys):
+    """The json holds mmdet DetInferencer's per-image dict for the same model and image, plus img_path."""
+    from mmdet.apis import DetInferencer
+    img = str(demo['root'] / 'coco/val/val_00000.png')
+    js = tmp_path / 'p.json'
+    assert _tool('infer').main([DET, demo['det'], img, '--pred-out', str(js), '--out', str(tmp_path / 'a.png')]) == 0
+    got = json.loads(js.read_text())
+    assert got['classes'] == list(CLASSES) and len(got['predictions']) == 1
+    pred = got['predictions'][0]
+    ref = DetInferencer(model=DET, weights=demo['det'], device='cpu', show_progress=False)(
+        img, no_save_pred=True, return_vis=False)['predictions'][0]
+    assert pred.pop('img_path') == img and set(pred) == set(ref) == {'bboxes', 'labels', 'scores', 'masks'}
+    assert pred['labels'] == ref['labels'] and np.allclose(pred['scores'], ref['scores'], atol=1e-6)
+    assert np.allclose(pred['bboxes'], ref['bboxes'], atol=1e-3)
+    assert [m['counts'] for m in pred['masks']] == [m['counts'] for m in ref['masks']]
+    assert cv2.imread(str(tmp_path / 'a.png')).shape == cv2.imread(img).shape
+    # --cfg-options reaches the model: at most 2 detections per image
+    assert _tool('infer').main([DET, demo['det'], img, '--pred-out', str(js), '--no-draw',
+                                '--cfg-options', 'model.test_cfg.rcnn.max_per_img=2']) == 0
+    few = json.loads(js.read_text())['predictions'][0]
+    assert len(few['scores']) == 2 < len(ref['scores']) and few['scores'] == pred['scores'][:2]
+
+
+def test_infer_folder_segmentor_label_maps(tmp_path, demo):
+    """A folder of images: one drawing and one label map per image; the maps equal mmseg's inference_model."""
+    from mmengine.config import Config
+    from mmseg.apis import inference_model, init_model
+    folder = demo['root'] / 'ade/images/validation'
+    js, vis = tmp_path / 'seg.json', tmp_path / 'vis'
+    assert _tool('infer').main([SEG, demo['seg'], str(folder), '--pred-out', str(js), '--out', str(vis)]) == 0
+    got = json.loads(js.read_text())
+    images = sorted(folder.iterdir())
+    assert [p['img_path'] for p in got['predictions']] == [str(p) for p in images]
+    assert got['classes'] == ['background', *CLASSES]
+    assert sorted(p.name for p in vis.iterdir()) == [p.name for p in images]
+    model = init_model(Config.fromfile(SEG), demo['seg'], device='cpu')
+    for rec, img in zip(got['predictions'], images):
+        assert rec['sem_seg_path'] == str(tmp_path / 'seg' / img.name)
+        label = cv2.imread(rec['sem_seg_path'], cv2.IMREAD_UNCHANGED)
+        ref = inference_model(model, str(img)).pred_sem_seg.data.squeeze(0).numpy()
+        assert label.dtype == np.uint8 and (label == ref).all() and label.max() <= 3
+
+
+def test_infer_refuses_json_drawing(tmp_path, demo, capsys):
+    img = str(demo['root'] / 'coco/val/val_00000.png')
+    assert _tool('infer').main([DET, demo['det'], img, '--out', str(tmp_path / 'x.json')]) == 2
+    err = capsys.readouterr().err
+    assert '--pred-out' in err and 'Traceback' not in err
+    assert _tool('infer').main([DET, demo['det'], str(tmp_path / 'empty_dir_missing')]) == 2
+    assert 'not found' in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------- dataset class names
+def test_class_names_matching_no_category_are_refused(tmp_path, demo, capsys):
+    """The worked example with only num_classes changed (COCO's 80 names) on the 3-class demo data stops with a
+    message before any model is built; with its class names replaced by the demo's it passes, and the head follows."""
+    from mmengine.config import Config
+    from mmdet.datasets import CocoDataset
+
+    import mmplugin  # noqa: F401
+    from mmplugin.utils import DatasetClassesError, check_datasets
+    example = ROOT / 'configs/custom_swiftformer_l1_retinanet.py'
+    coco = demo['root'] / 'coco'
+    opts = {}
+    for split, ann in (('train', 'train'), ('val', 'val'), ('test', 'val')):
+        opts.update({f'{split}_dataloader.dataset.data_root': f'{coco}/',
+                     f'{split}_dataloader.dataset.ann_file': f'annotations/instances_{ann}.json',
+                     f'{split}_dataloader.dataset.data_prefix.img': f'{ann}/'})
+    base = Config.fromfile(str(example))
+    assert tuple(base.metainfo.classes) == CocoDataset.METAINFO['classes'] and base.model.bbox_head.num_classes == 80
+    assert all(base[f'{s}_dataloader'].dataset.metainfo == base.metainfo for s in ('train', 'val', 'test'))
+    base.merge_from_dict({**opts, 'model.bbox_head.num_classes': 3})
+    with pytest.raises(DatasetClassesError) as err:
+        check_datasets(base, splits=('train', ))
+    msg = str(err.value)
+    assert 'instances_train.json' in msg and "'circle'" in msg and "'person'" in msg and 'metainfo' in msg
+    rc = _tool('train').main([str(example), '--work-dir', str(tmp_path / 'w'),
+                              '--cfg-options', *[f'{k}={v}' for k, v in opts.items()]])
+    out = capsys.readouterr()
+    assert rc == 2 and 'match none of' in out.err and 'SwiftFormer' not in out.out
+    text = example.read_text()
+    start = text.index('classes = (')
+    own = tmp_path / 'own.py'
+    own.write_text(text[:start] + f'classes = {CLASSES!r}\n' + text[text.index("metainfo = dict"):])
+    fixed = Config.fromfile(str(own))
+    fixed.merge_from_dict(opts)
+    assert fixed.model.bbox_head.num_classes == 3
+    check_datasets(fixed)  # nothing raised
+
+
+def test_annotation_categories_of_a_large_file_from_its_tail(tmp_path, monkeypatch):
+    import mmplugin.utils.datasets as datasets
+    data = {'images': [{'id': i, 'file_name': f'{i:08d}.jpg'} for i in range(3000)], 'annotations': [],
+            'categories': [{'id': 1, 'name': 'cat'}, {'id': 2, 'name': 'dog'}]}
+    path = tmp_path / 'a.json'
+    path.write_text(json.dumps(data))
+    assert datasets.annotation_categories(str(path)) == ['cat', 'dog']
+    monkeypatch.setattr(datasets, '_WHOLE_FILE_LIMIT', 1000)
+    monkeypatch.setattr(datasets, '_TAIL_BYTES', 2000)
+    assert datasets.annotation_categories(str(path)) == ['cat', 'dog']  # read from the last 2000 bytes
