@@ -114,9 +114,9 @@ def test_switch_to_deploy_equal():
 
 
 # ------------------------------------------------------------------------------------------------ weights
-def _check_all_arrived(model, ref_sd, skip=()):
+def _check_all_arrived(model, ref_sd, skip=(), copy_classifier_norm=False):
     """Every official parameter arrived at its converted place, value for value."""
-    conv, _ = convert_swiftformer(dict(ref_sd))
+    conv, _ = convert_swiftformer(dict(ref_sd), copy_classifier_norm=copy_classifier_norm)
     msd = model.state_dict()
     n = 0
     for k, v in conv.items():
@@ -127,21 +127,29 @@ def _check_all_arrived(model, ref_sd, skip=()):
     return n
 
 
-def test_official_key_list_loads_every_parameter(tmp_path):
+@pytest.mark.parametrize('copy_norm', [False, True])
+def test_official_key_list_loads_every_parameter(tmp_path, copy_norm):
     shapes = official_keys(KEYS, 'Full key list: SwiftFormer_XS')
     assert len(shapes) == 316
     sd = random_state_dict(shapes)
     path = tmp_path / 'SwiftFormer_XS.pth'
     torch.save(sd, path)
-    model = SwiftFormer('xs', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model = SwiftFormer('xs', init_cfg=dict(type='Pretrained', checkpoint=str(path)), copy_classifier_norm=copy_norm)
     model.init_weights()
     msd = model.state_dict()
     # spot-check the mapping by name, then everything via the converter
     assert torch.equal(msd['stem.0.weight'], sd['patch_embed.0.weight'])
     assert torch.equal(msd['stages.1.downsample.proj.weight'], sd['network.1.proj.weight'])
     assert torch.equal(msd['stages.3.blocks.3.attn.proj.weight'], sd['network.6.3.attn.Proj.weight'])
-    assert torch.equal(msd['norm3.running_var'], sd['norm.running_var'])  # classifier norm -> last output norm
-    assert _check_all_arrived(model, sd) == len(shapes) - 4  # heads dropped
+    classifier_norm = [k for k in sd if k.startswith('norm.')]
+    assert len(classifier_norm) == 5
+    if copy_norm:  # the classifier norm -> the last output norm
+        assert torch.equal(msd['norm3.running_var'], sd['norm.running_var'])
+        assert _check_all_arrived(model, sd, copy_classifier_norm=True) == len(shapes) - 4  # heads dropped
+    else:  # ignored, as the official fork_feat loader does: norm3 starts fresh
+        assert torch.equal(msd['norm3.running_var'], torch.ones(220))
+        assert torch.equal(msd['norm3.bias'], torch.zeros(220))
+        assert _check_all_arrived(model, sd) == len(shapes) - 4 - len(classifier_norm)
 
 
 @pytest.mark.parametrize('container', ['raw', 'model', 'state_dict', 'module', 'backbone'])

@@ -140,10 +140,16 @@ def _load(cls, obj, tmp_path, **kw):
     return model
 
 
-def _assert_arrived(model, plugin_sd, skip=()):
+def _assert_arrived(model, plugin_sd, skip=(), copy_classifier_norm=False):
+    """Every checkpoint tensor arrived at its place. The classifier's ``norm.*`` is ignored by default (``norm3``
+    stays fresh: weight 1, bias 0, as mmdet loads it) and lands in ``norm3`` with ``copy_classifier_norm``."""
     msd = model.state_dict()
     for k, v in plugin_sd.items():
         if k.endswith(('relative_position_index', 'attn_mask', 'relative_coords_table')) or k.startswith('head.'):
+            continue
+        if k.startswith('norm.') and not copy_classifier_norm:
+            fresh = torch.ones_like(v) if k.endswith('weight') else torch.zeros_like(v)
+            assert torch.equal(msd['norm3.' + k[5:]], fresh), k
             continue
         k2 = 'norm3.' + k[5:] if k.startswith('norm.') else k
         if k2 in skip:
@@ -151,15 +157,17 @@ def _assert_arrived(model, plugin_sd, skip=()):
         assert torch.equal(msd[k2], v), k
 
 
+@pytest.mark.parametrize('copy_norm', [False, True])
 @pytest.mark.parametrize('v2', [False, True])
-def test_official_key_list_loads_every_parameter(tmp_path, v2):
+def test_official_key_list_loads_every_parameter(tmp_path, v2, copy_norm):
     section = 'V2 tiny' if v2 else 'V1 tiny'
     shapes = official_keys(KEYS, section)
     assert len(shapes) == (250 if v2 else 190)
     sd = random_state_dict(shapes)
     cls = SwinTransformerV2 if v2 else SwinTransformer
-    model = _load(cls, {'model': sd}, tmp_path, arch='tiny', window_size=8 if v2 else 7)
-    _assert_arrived(model, sd)
+    model = _load(cls, {'model': sd}, tmp_path, arch='tiny', window_size=8 if v2 else 7,
+                  copy_classifier_norm=copy_norm)
+    _assert_arrived(model, sd, copy_classifier_norm=copy_norm)
     body = [k for k in model.state_dict() if not re.match(r'norm[0-2]\.', k)]
     official = {('norm3.' + k[5:] if k.startswith('norm.') else k) for k in sd}
     assert set(body) <= official
@@ -201,8 +209,9 @@ def test_v2_window8_into_window16_regenerates_coords(tmp_path):
     _assert_arrived(model, sd)
 
 
+@pytest.mark.parametrize('copy_norm', [False, True])
 @pytest.mark.parametrize('v2', [False, True])
-def test_timm_layout(tmp_path, v2):
+def test_timm_layout(tmp_path, v2, copy_norm):
     src = randomize_((SwinTransformerV2 if v2 else SwinTransformer)(SMALL_ARCH, window_size=7), seed=2)
     sd = src.state_dict()
     timm = {}
@@ -213,8 +222,9 @@ def test_timm_layout(tmp_path, v2):
         timm[k.replace('norm3.', 'norm.')] = v
     timm = {k: v for k, v in timm.items() if not re.match(r'norm[0-2]\.', k)}
     timm['head.fc.weight'] = torch.zeros(10, 256)
-    model = _load(type(src), timm, tmp_path, arch=SMALL_ARCH, window_size=7)
-    _assert_arrived(model, {k: v for k, v in sd.items() if not re.match(r'norm[0-2]\.', k)})
+    model = _load(type(src), timm, tmp_path, arch=SMALL_ARCH, window_size=7, copy_classifier_norm=copy_norm)
+    _assert_arrived(model, {k.replace('norm3.', 'norm.'): v for k, v in sd.items() if not re.match(r'norm[0-2]\.', k)},
+                    copy_classifier_norm=copy_norm)
 
 
 @pytest.mark.parametrize('prefix', ['backbone.', ''])  # mmdet detector checkpoint / mmseg converted backbone
@@ -301,7 +311,11 @@ def test_arch_aliases_and_outputs():
     (SwinTransformer, dict(window_size=[7, 7, 7.5, 7]), 'window_size must hold ints'),
     (SwinTransformer, dict(drop_path_rate=1.0), r'drop_path_rate must be a number in \[0, 1\)'),
     (SwinTransformer, dict(drop_path_rate=-0.1), 'drop_path_rate'),
-    (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6], num_heads=[3, 6, 12])), 'list of 4'),
+    # len(depths) is the number of stages (mmdet / mmseg meaning): the per-stage lists must follow it
+    (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6], num_heads=[3, 6, 12, 24]), out_indices=(0, 1, 2)),
+     'num_heads must be an int or a list of 3'),
+    (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6], num_heads=[3, 6, 12])),
+     r'out_indices must be distinct stage indices in 0\.\.2, got \(0, 1, 2, 3\)'),
     (SwinTransformer, dict(arch=dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[5, 6, 12, 24])), 'divisible'),
     (SwinTransformer, dict(window_size=0), 'window_size must be >= 1'),
     (SwinTransformer, dict(pretrained_window_size=8), 'V2 option'),

@@ -85,22 +85,44 @@ class LoadPlan:
 
 
 def route_output_norms(sd: dict[str, torch.Tensor], out_indices, num_stages: int = 4,
-                       use_classifier_norm: bool = True) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """Map a classifier's final ``norm.*`` onto the last stage's output norm and drop output norms the model lacks.
+                       copy_classifier_norm: bool = False) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Decide what a classifier's final ``norm.*`` becomes, and drop output norms the model lacks.
 
-    The classifier norm normalises the same last-stage features the detector's ``norm{num_stages-1}`` does, so it
-    initialises it (unless the checkpoint already has that output norm or ``use_classifier_norm`` is False).
+    By default the classifier norm is dropped and the model's last output norm keeps its fresh initialisation, as
+    the papers' detection and segmentation code does (mmdet's and the official Swin detection code's
+    ``load_state_dict(..., strict=False)`` and the official SwiftFormer ``fork_feat`` loader ignore ``norm.*``).
+    ``copy_classifier_norm=True`` initialises ``norm{num_stages - 1}`` from it instead: it normalises the same
+    last-stage features (unless the checkpoint already has that output norm).
+
+    Args:
+        sd: state dict in the family's layout, classifier keys included.
+        out_indices: the model's returned stages (only their ``norm{i}`` exist).
+        num_stages: stages of the network the checkpoint was trained as; its last one is the classifier norm's.
+        copy_classifier_norm: copy ``norm.*`` to ``norm{num_stages - 1}.*``.
 
     Returns:
         ``(state_dict, dropped_keys)``; the input is not modified.
+
+    Raises:
+        CheckpointError: ``copy_classifier_norm`` is asked for but cannot be honoured: the model does not return
+            stage ``num_stages - 1``, or the checkpoint has neither a classifier norm nor that output norm.
     """
     out_indices = tuple(out_indices)
     last = num_stages - 1
     out, dropped = dict(sd), []
-    for k in [k for k in out if k.startswith('norm.')]:
+    classifier = [k for k in out if k.startswith('norm.')]
+    if copy_classifier_norm:
+        if last not in out_indices:
+            raise CheckpointError(f'copy_classifier_norm=True: the classifier norm belongs to stage {last}, which '
+                                  f'the model does not return (out_indices={out_indices}); add {last} to out_indices '
+                                  'or leave copy_classifier_norm False')
+        if not classifier and not any(k.startswith(f'norm{last}.') for k in out):
+            raise CheckpointError('copy_classifier_norm=True, but the checkpoint has no classifier norm (norm.*) '
+                                  f'nor an output norm norm{last}.*; leave copy_classifier_norm False')
+    for k in classifier:
         v = out.pop(k)
         target = f'norm{last}.' + k[len('norm.'):]
-        if use_classifier_norm and last in out_indices and target not in out:
+        if copy_classifier_norm and target not in out:
             out[target] = v
         else:
             dropped.append(k)

@@ -35,17 +35,22 @@ def detect_swiftformer_layout(sd: dict[str, torch.Tensor]) -> str:
 
 
 def convert_swiftformer(sd: dict[str, torch.Tensor], out_indices=(0, 1, 2, 3),
-                        use_classifier_norm: bool = True) -> tuple[dict[str, torch.Tensor], list[str]]:
+                        copy_classifier_norm: bool = False) -> tuple[dict[str, torch.Tensor], list[str]]:
     """Convert a SwiftFormer state dict of any supported layout to the plugin layout.
 
     Args:
         sd: unwrapped state dict (see :func:`mmplugin.converters.common.unwrap_state_dict`).
         out_indices: the target model's outputs; decides which output norms exist.
-        use_classifier_norm: initialise the last output norm from the classifier's final ``norm`` (it normalises
-            the same stage-4 features). Defaults to True.
+        copy_classifier_norm: initialise the last output norm ``norm3`` from an ImageNet classifier's final
+            ``norm`` (a BatchNorm on the same stage-4 features). Defaults to False: ``norm.*`` is dropped and
+            ``norm3`` starts fresh, as the official ``fork_feat`` loader (``load_state_dict(..., False)``) does.
 
     Returns:
         ``(converted, dropped)``: the plugin-layout dict and the source keys left out (classifier heads, ...).
+
+    Raises:
+        CheckpointError: not a SwiftFormer checkpoint, or ``copy_classifier_norm`` cannot be honoured (see
+            :func:`mmplugin.converters.common.route_output_norms`).
     """
     layout = detect_swiftformer_layout(sd)
     dropped = [k for k in sd if k.startswith(_CLASSIFIER)]
@@ -66,5 +71,5 @@ def convert_swiftformer(sd: dict[str, torch.Tensor], out_indices=(0, 1, 2, 3),
     elif layout == 'timm':
         sd = {(k[:-len('.gamma')] if k.endswith('.gamma') else k): v for k, v in sd.items()}
         sd = {k: (v.reshape(-1, 1, 1) if 'layer_scale' in k and v.ndim == 1 else v) for k, v in sd.items()}
-    sd, more = route_output_norms(sd, out_indices, use_classifier_norm=use_classifier_norm)
+    sd, more = route_output_norms(sd, out_indices, copy_classifier_norm=copy_classifier_norm)
     return sd, dropped + more

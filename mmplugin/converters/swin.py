@@ -25,7 +25,7 @@ from ..checkpoint import CheckpointError
 from .common import rename_keys, route_output_norms
 
 __all__ = ['detect_swin_layout', 'detect_swin_version', 'convert_swin', 'resize_bias_table', 'unfold_to_official',
-           'official_to_unfold', 'plugin_to_mmdet_swin']
+           'official_to_unfold', 'plugin_to_mmdet_swin', 'num_swin_stages']
 
 _DERIVED = ('relative_position_index', 'relative_coords_table', 'attn_mask', 'k_bias')
 _MERGE_PERM = [0, 2, 1, 3]  # unfold kernel position (r*2+c) <-> official block order [(0,0),(1,0),(0,1),(1,1)]
@@ -81,8 +81,17 @@ def resize_bias_table(table: torch.Tensor, window_size: int, key: str = '') -> t
     return out.reshape(heads, dst * dst).t().to(table.dtype).contiguous()
 
 
+def num_swin_stages(sd: dict[str, torch.Tensor], prefix: str = 'layers') -> int:
+    """Number of stages with blocks in ``sd`` (``{prefix}.{i}.blocks.*``); 0 when there are none."""
+    found = [int(m.group(1)) for m in (re.match(rf'{prefix}\.(\d+)\.blocks\.', k) for k in sd) if m]
+    return max(found) + 1 if found else 0
+
+
 def _from_openmmlab(sd: dict[str, torch.Tensor], version: int) -> dict[str, torch.Tensor]:
-    merge_at_start = any(k.startswith('stages.3.downsample.') for k in sd) or (
+    # mmpretrain V2 merges at the start of stages 1..n-1: the last stage has a downsample, or stage 1 has one and
+    # stage 0 has none; mmdet / mmseg / mmpretrain V1 merge at the end of stages 0..n-2 (any number of stages)
+    last = num_swin_stages(sd, 'stages') - 1
+    merge_at_start = any(k.startswith(f'stages.{last}.downsample.') for k in sd) or (
         not any(k.startswith('stages.0.downsample.') for k in sd) and any(k.startswith('stages.1.downsample.')
                                                                           for k in sd))
     out = {}
@@ -112,18 +121,26 @@ def _from_timm(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def convert_swin(sd: dict[str, torch.Tensor], version: int = 1, window_sizes=None,
-                 out_indices=(0, 1, 2, 3)) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """Convert a Swin state dict of any supported layout to the plugin layout.
+def convert_swin(sd: dict[str, torch.Tensor], version: int = 1, window_sizes=None, out_indices=(0, 1, 2, 3),
+                 copy_classifier_norm: bool = False) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Convert a Swin state dict of any supported layout (any number of stages) to the plugin layout.
 
     Args:
         sd: unwrapped state dict.
         version: the target model's version (1 or 2); a checkpoint of the other version is refused.
         window_sizes: the target model's window per stage (V1 bias tables are resized to it); None keeps them.
-        out_indices: the target model's outputs (the classifier's final ``norm`` initialises ``norm3`` if present).
+        out_indices: the target model's outputs; decides which output norms exist.
+        copy_classifier_norm: initialise the output norm of the checkpoint's last stage (``norm3`` for the
+            released 4-stage classifiers) from an ImageNet classifier's final ``norm``. Defaults to False:
+            ``norm.*`` is dropped and that output norm starts fresh (weight 1, bias 0), as in mmdet / mmseg and the
+            official Swin detection and segmentation code, which load with ``strict=False``.
 
     Returns:
         ``(converted, dropped)``.
+
+    Raises:
+        CheckpointError: not a Swin checkpoint, the other Swin version, or ``copy_classifier_norm`` cannot be
+            honoured (see :func:`mmplugin.converters.common.route_output_norms`).
     """
     src_version = detect_swin_version(sd)
     if src_version != version:
@@ -136,7 +153,8 @@ def convert_swin(sd: dict[str, torch.Tensor], version: int = 1, window_sizes=Non
         sd = _from_openmmlab(sd, version)
     elif layout == 'timm':
         sd = _from_timm(sd)
-    sd, more = route_output_norms(sd, out_indices)
+    sd, more = route_output_norms(sd, out_indices, num_stages=num_swin_stages(sd) or 4,
+                                  copy_classifier_norm=copy_classifier_norm)
     dropped += more
     if version == 1 and window_sizes is not None:
         for k in [k for k in sd if k.endswith('relative_position_bias_table')]:

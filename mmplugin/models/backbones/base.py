@@ -103,6 +103,8 @@ class BaseBackbone(BaseModule):
     arch_keys: tuple[str, ...] = ()
     #: a few-thousand-parameter arch of the family for quick checks (tests, smoke runs); None: the first arch
     smoke_arch: dict | None = None
+    #: stages of the network; a family whose arch decides it (Swin: ``len(depths)``) sets ``self.num_stages``
+    #: before calling ``BaseBackbone.__init__``
     num_stages = 4
     converter: Callable | None = None
 
@@ -128,7 +130,7 @@ class BaseBackbone(BaseModule):
                 or not 0.0 <= drop_path_rate < 1.0:
             raise ValueError(f'{name}: drop_path_rate must be a number in [0, 1), got {drop_path_rate!r}')
         self.in_channels = in_channels
-        self.out_indices = self.check_out_indices(out_indices)
+        self.out_indices = self.check_out_indices(out_indices, self.num_stages)
         self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, bool(norm_eval), bool(with_cp)
         self.drop_path_rate = float(drop_path_rate)
 
@@ -214,17 +216,18 @@ class BaseBackbone(BaseModule):
         return dict(arch)
 
     @classmethod
-    def check_out_indices(cls, out_indices: Sequence[int]) -> tuple[int, ...]:
-        """Validated, ascending stage indices (negative ones count from the end)."""
+    def check_out_indices(cls, out_indices: Sequence[int], num_stages: int | None = None) -> tuple[int, ...]:
+        """Validated, ascending stage indices (negative ones count from the end) of a model with ``num_stages``
+        stages (default: the class's :attr:`num_stages`)."""
+        n = cls.num_stages if num_stages is None else num_stages
         if isinstance(out_indices, int) and not isinstance(out_indices, bool):
             out_indices = (out_indices, )
-        msg = (f'{cls.public_name()}: out_indices must be distinct stage indices in 0..{cls.num_stages - 1}, got '
-               f'{out_indices!r}')
+        msg = f'{cls.public_name()}: out_indices must be distinct stage indices in 0..{n - 1}, got {out_indices!r}'
         if not isinstance(out_indices, Sequence) or any(
                 isinstance(i, bool) or not isinstance(i, int) for i in out_indices):
             raise TypeError(msg)
-        idx = [i + cls.num_stages if -cls.num_stages <= i < 0 else i for i in out_indices]
-        if not idx or any(not 0 <= i < cls.num_stages for i in idx) or len(set(idx)) != len(idx):
+        idx = [i + n if -n <= i < 0 else i for i in out_indices]
+        if not idx or any(not 0 <= i < n for i in idx) or len(set(idx)) != len(idx):
             raise ValueError(msg)
         return tuple(sorted(idx))
 
@@ -382,7 +385,7 @@ class BaseBackbone(BaseModule):
         try:
             sd = unwrap_state_dict(ckpt, prefix=prefix)
             converted, dropped = self.convert_state_dict(sd)
-            plan = plan_load(self.state_dict(), converted, optional_missing=self.optional_missing_prefixes(),
+            plan = plan_load(self.state_dict(), converted, optional_missing=self.optional_missing_prefixes(converted),
                              arch_hint=self.arch_description())
         except CheckpointError as err:
             raise CheckpointError(f'cannot load {path!r} into {self.public_name()}: {err}') from None
@@ -396,7 +399,9 @@ class BaseBackbone(BaseModule):
         """Options of :attr:`converter` that depend on this model's settings (beyond ``out_indices``)."""
         return {}
 
-    def optional_missing_prefixes(self) -> tuple[str, ...]:
+    def optional_missing_prefixes(self, state_dict: dict[str, torch.Tensor] | None = None) -> tuple[str, ...]:
+        """Key prefixes a checkpoint may lack (they keep their fresh initialisation): the output norms. Families
+        may add more, depending on the converted ``state_dict`` about to be loaded."""
         return tuple(f'norm{i}.' for i in range(self.num_stages))
 
     def arch_description(self) -> str:

@@ -80,12 +80,16 @@ def translate_swin_kwargs(cls, arch, kwargs: dict) -> tuple[object, dict]:
                         'arch or embed_dims/depths/num_heads')
 
     patch_size = kw.get('patch_size', 4)
-    if 'strides' in kw:  # mmdet / mmseg: patch-embedding stride, then the three 2x patch mergings
+    if 'strides' in kw:  # mmdet / mmseg: patch-embedding stride, then one 2x patch merging per further stage
         strides = kw.pop('strides')
+        depths = arch.get('depths') if isinstance(arch, dict) else None
+        n = len(depths) if isinstance(depths, (list, tuple)) and depths else 4
         got = list(strides) if isinstance(strides, (list, tuple)) else strides
-        if got != [patch_size, 2, 2, 2]:
+        want = [patch_size] + [2] * (n - 1)
+        if got != want:
             problems.append(f'strides={strides!r} [mmdet/mmseg meaning: patch-embedding stride, then 2x merges]: '
-                            f'only ({patch_size}, 2, 2, 2) is Swin; set patch_size for the first stride')
+                            f'only {tuple(want)} is Swin with {n} stages (len(depths)); set patch_size for the '
+                            'first stride')
     if 'convert_weights' in kw:  # mmdet: convert official keys on load; the plugin detects every layout itself
         if not isinstance(kw.pop('convert_weights'), bool):
             problems.append('convert_weights must be a bool (checkpoints of every layout are converted '

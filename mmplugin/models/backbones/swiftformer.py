@@ -252,6 +252,11 @@ class SwiftFormer(BaseBackbone):
         norm_eval (bool): keep every BatchNorm in eval mode while training. Defaults to False.
         with_cp (bool): gradient checkpointing per block. Defaults to False.
         channels_last (bool): compute in channels_last memory format (faster on CPU and GPU). Defaults to True.
+        copy_classifier_norm (bool): when ``init_cfg`` loads an ImageNet classifier, initialise the last output
+            norm ``norm3`` from the classifier's final BatchNorm ``norm``. Defaults to False: ``norm.*`` is ignored
+            and ``norm3`` starts fresh (weight 1, bias 0, running mean 0, variance 1), as the official ``fork_feat``
+            detection / segmentation backbone loads it. When True, ``out_norm_cfg`` must be set, the model must
+            return stage 3 and the checkpoint must hold ``norm.*`` (or ``norm3.*``), else a clear error.
         init_cfg (dict | None): e.g. ``dict(type='Pretrained', checkpoint=PATH)``.
         pretrained (str | None): deprecated OpenMMLab spelling of ``init_cfg`` (see :class:`BaseBackbone`).
 
@@ -277,10 +282,17 @@ class SwiftFormer(BaseBackbone):
                  mlp_ratio: float = 4.0, drop_path_rate: float = 0.0, layer_scale_init: float = 1e-5,
                  token_weighting: str = 'l2norm', norm_cfg: dict | None = None,
                  out_norm_cfg: dict | None = dict(type='BN'), frozen_stages: int = -1, norm_eval: bool = False,
-                 with_cp: bool = False, channels_last: bool = True, init_cfg=None, pretrained: str | None = None):
+                 with_cp: bool = False, channels_last: bool = True, copy_classifier_norm: bool = False, init_cfg=None,
+                 pretrained: str | None = None):
         super().__init__(in_channels=in_channels, out_indices=out_indices, frozen_stages=frozen_stages,
                          norm_eval=norm_eval, with_cp=with_cp, drop_path_rate=drop_path_rate, init_cfg=init_cfg,
                          pretrained=pretrained)
+        if not isinstance(copy_classifier_norm, bool):
+            raise TypeError(f'mmplugin.SwiftFormer: copy_classifier_norm must be a bool, got {copy_classifier_norm!r}')
+        if copy_classifier_norm and not out_norm_cfg:
+            raise ValueError('mmplugin.SwiftFormer: copy_classifier_norm=True needs an output norm to copy into; '
+                             'out_norm_cfg is None')
+        self.copy_classifier_norm = copy_classifier_norm
         settings = self.resolve_arch(arch)
         depths, dims = check_int_list(settings['depths'], 'arch depths', self.num_stages, 1), \
             check_int_list(settings['embed_dims'], 'arch embed_dims', self.num_stages, 2)
@@ -360,7 +372,7 @@ class SwiftFormer(BaseBackbone):
         return sum(self.depths) + 2
 
     def converter_kwargs(self) -> dict:
-        return {}
+        return dict(copy_classifier_norm=self.copy_classifier_norm)
 
     def arch_description(self) -> str:
         return f'the model is arch {self.arch_name!r} with embed_dims={self.embed_dims}, depths={self.depths}'

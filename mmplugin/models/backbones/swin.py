@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...converters.swin import convert_swin, plugin_to_mmdet_swin
+from ...converters.swin import convert_swin, num_swin_stages, plugin_to_mmdet_swin
 from ...registry import MODELS
 from ..layers import DropPath, linear_drop_path_rates, transformer_init_
 from ..layers.patchify import patch_embed
@@ -168,12 +168,22 @@ class _SwinBase(BaseBackbone):
                  patch_norm: bool = True, drop_rate: float = 0.0, attn_drop_rate: float = 0.0,
                  drop_path_rate: float = 0.1, pad_small_map: bool | None = None, norm_cfg: dict | None = None,
                  act_cfg: dict | None = None, out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
-                 norm_eval: bool = False, with_cp: bool = False, init_cfg=None, pretrained: str | None = None):
+                 norm_eval: bool = False, with_cp: bool = False, copy_classifier_norm: bool = False, init_cfg=None,
+                 pretrained: str | None = None):
+        owner = self.public_name()
+        s = self.resolve_arch(arch)
+        # the number of stages is len(depths) (mmdet / mmseg meaning, e.g. RTMDet P6's 5-stage Swin); an int is 4
+        if isinstance(s['depths'], (list, tuple)):
+            if not s['depths']:
+                raise ValueError(f'{owner}: arch depths must list the blocks of at least one stage, got '
+                                 f'{s["depths"]!r}')
+            self.num_stages = len(s['depths'])
         super().__init__(in_channels=in_channels, out_indices=out_indices, frozen_stages=frozen_stages,
                          norm_eval=norm_eval, with_cp=with_cp, drop_path_rate=drop_path_rate, init_cfg=init_cfg,
                          pretrained=pretrained)
-        owner = self.public_name()
-        s = self.resolve_arch(arch)
+        if not isinstance(copy_classifier_norm, bool):
+            raise TypeError(f'{owner}: copy_classifier_norm must be a bool, got {copy_classifier_norm!r}')
+        self.copy_classifier_norm = copy_classifier_norm
         if isinstance(s['embed_dims'], bool) or not isinstance(s['embed_dims'], int) or s['embed_dims'] < 1:
             raise ValueError(f'{owner}: arch embed_dims is the stage-1 width, a positive int (later stages double '
                              f'it), got {s["embed_dims"]!r}')
@@ -270,7 +280,18 @@ class _SwinBase(BaseBackbone):
         return sum(self.depths) + 2
 
     def converter_kwargs(self) -> dict:
-        return dict(window_sizes=self.window_sizes)
+        return dict(window_sizes=self.window_sizes, copy_classifier_norm=self.copy_classifier_norm)
+
+    def optional_missing_prefixes(self, state_dict=None) -> tuple[str, ...]:
+        """The output norms and, for a model deeper than a 4-stage (or deeper) checkpoint, the stages the checkpoint
+        does not have and the patch merging into the first of them: e.g. mmdet's 5-stage RTMDet P6 Swin from a
+        released 4-stage classifier, whose extra stage starts fresh as in mmdet (``strict=False``). A checkpoint
+        with fewer than 4 stages is incomplete, not shallower, and is refused."""
+        prefixes = super().optional_missing_prefixes(state_dict)
+        k = num_swin_stages(state_dict or {})
+        if 4 <= k < self.num_stages:
+            prefixes += (f'layers.{k - 1}.downsample.', ) + tuple(f'layers.{j}.' for j in range(k, self.num_stages))
+        return prefixes
 
     def arch_description(self) -> str:
         return (f'the model is {"V2" if self.v2 else "V1"} arch {self.arch_name!r} with embed_dims='
@@ -299,7 +320,10 @@ class SwinTransformer(_SwinBase):
 
     Args:
         arch (str | dict): ``'tiny' | 'small' | 'base' | 'large'`` (or ``'t' | 's' | 'b' | 'l'``) or
-            ``dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24])``.
+            ``dict(embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24])``. The length of ``depths`` is the
+            number of stages, as in mmdet / mmseg: e.g. RTMDet P6's 5-stage Swin-B ``depths=[2, 2, 18, 2, 1]``,
+            ``num_heads=[4, 8, 16, 32, 64]`` (stage ``i`` has width ``embed_dims * 2**i`` and stride
+            ``patch_size * 2**i``; the per-stage lists ``num_heads``, ``window_size`` follow that length).
         in_channels (int): input channels. Defaults to 3.
         patch_size (int): patch embedding stride. Defaults to 4.
         window_size (int | list[int]): window per stage. Defaults to 7.
@@ -325,8 +349,16 @@ class SwinTransformer(_SwinBase):
             mmdet's convention; mmpretrain's ``frozen_stages=k`` is this plugin's ``k + 1``.
         norm_eval (bool): BatchNorm layers in eval mode while training (Swin has none; kept for API parity).
         with_cp (bool): gradient checkpointing per block. Defaults to False.
+        copy_classifier_norm (bool): when ``init_cfg`` loads an ImageNet classifier, initialise the output norm of
+            its last stage (``norm3``) from the classifier's final ``norm``. Defaults to False: ``norm.*`` is
+            ignored and ``norm3`` starts fresh (weight 1, bias 0), as in mmdet / mmseg and the official Swin
+            detection and segmentation code, which produced the published fine-tuning results. When True, the
+            model must return that stage and the checkpoint must hold ``norm.*`` (or ``norm3.*``), else loading
+            fails with a CheckpointError.
         init_cfg (dict | None): e.g. ``dict(type='Pretrained', checkpoint=PATH or URL)``: official V1 releases,
             mmdet / mmseg / mmpretrain / timm layouts, auto-detected; the bias table is resized for another window.
+            A model with more stages than a (4-stage) checkpoint loads the checkpoint's stages; the extra stages
+            and the patch merging into them start fresh and are logged as newly initialised, as in mmdet.
         pretrained (str | None): deprecated OpenMMLab spelling of ``init_cfg`` (see :class:`BaseBackbone`).
 
     mmdet / mmseg / mmpretrain keywords (``embed_dims``, ``depths``, ``num_heads``, ``strides``,
