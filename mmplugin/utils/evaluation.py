@@ -125,16 +125,14 @@ def configure_show_dir(cfg, show_dir: str) -> str:
         keep = {k: old[k] for k in ('wait_time', 'backend_args') if k in old}
         hooks['visualization'] = dict(type='mmplugin.SegTestVisualizationHook', out_dir=show_dir, show=False, **keep)
         if not cfg.get('visualizer'):
-            cfg.visualizer = dict(type='SegLocalVisualizer', vis_backends=[dict(type='LocalVisBackend')],
-                                  name='visualizer')
+            cfg.visualizer = dict(type='SegLocalVisualizer', vis_backends=[dict(type='LocalVisBackend')])
         return show_dir
     if not old:
         old = dict(type='DetVisualizationHook')
     old.update(draw=True, show=False, test_out_dir=show_dir)  # absolute: mmdet's join with work_dir keeps it
     hooks['visualization'] = old
     if not cfg.get('visualizer'):
-        cfg.visualizer = dict(type='DetLocalVisualizer', vis_backends=[dict(type='LocalVisBackend')],
-                              name='visualizer')
+        cfg.visualizer = dict(type='DetLocalVisualizer', vis_backends=[dict(type='LocalVisBackend')])
     return show_dir
 
 

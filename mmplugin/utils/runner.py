@@ -91,6 +91,12 @@ def prepare_runner_cfg(cfg, args) -> None:
     elif cfg.get('work_dir') is None:
         cfg.work_dir = osp.join('./work_dirs', osp.splitext(osp.basename(args.config))[0])
     cfg.launcher = getattr(args, 'launcher', 'none')
+    vis = cfg.get('visualizer')
+    if isinstance(vis, dict) and vis.get('name') == 'visualizer':
+        # mmdet's / mmseg's default_runtime call every visualizer 'visualizer', and mmengine hands back an existing
+        # instance of that name (with the first run's save_dir): a second run in the same process would log its
+        # scalars into the first run's folder. Unnamed, the runner names it after the run.
+        vis.pop('name')
     from .ddp import setup_cpu_distributed
     setup_cpu_distributed(cfg)
     has_accel = torch.cuda.is_available()
