@@ -614,7 +614,11 @@ def check_checkpoint_fits(model: torch.nn.Module, ckpt: Any, *, source: str = 't
         hint = (' It holds backbone weights only: use it for training as '
                 "model.backbone.init_cfg=dict(type='Pretrained', checkpoint=...), not for evaluation.")
     elif not any(k in model_sd for k in sd):
-        hint = ' No key matches: it is for another model or config.'
+        from .converters.whole_model import backbone_file_layout
+        layout = backbone_file_layout(model, ckpt)
+        hint = (f' It holds backbone weights only ({layout} layout): use it for training as '
+                "model.backbone.init_cfg=dict(type='Pretrained', checkpoint=...), not for evaluation." if layout
+                else ' No key matches: it is for another model or config.')
     done = conversion.describe()
     if done:
         hint += f' (Compared after this conversion: {done}.)'

@@ -459,6 +459,17 @@ def test_a_file_that_still_does_not_fit_is_refused(tmp_path):
     own = ours.state_dict()
     msg = check_checkpoint_fits(ours, {k[len('backbone.'):]: v for k, v in own.items() if k.startswith('backbone.')})
     assert 'backbone weights only' in msg
+    # ... and so does one in a published backbone layout: mmdet's backbone, an official ImageNet classifier file
+    mmdet_backbone = {k[len('backbone.'):]: v for k, v in sd.items() if k.startswith('backbone.')}
+    msg = check_checkpoint_fits(ours, mmdet_backbone)
+    assert 'backbone weights only (OpenMMLab' in msg and 'No key matches' not in msg, msg
+    official = {k[len('backbone.'):]: v for k, v in official_layout(sd).items() if k.startswith('backbone.')}
+    classifier = {'model': {**official, 'norm.weight': torch.ones(256), 'head.weight': torch.zeros(10, 256)}}
+    msg = check_checkpoint_fits(ours, classifier)
+    assert 'backbone weights only (official Swin' in msg, msg
+    # a file for another model entirely still says so
+    msg = check_checkpoint_fits(ours, {'layer1.0.conv1.weight': torch.zeros(64, 64, 1, 1)})
+    assert 'No key matches' in msg and 'backbone weights only' not in msg, msg
 
 
 def test_plugin_layout_passes_through_untouched(tmp_path):

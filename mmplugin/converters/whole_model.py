@@ -30,7 +30,7 @@ from ..checkpoint import CheckpointError, is_optional_key
 
 __all__ = [
     'BackboneConversion', 'ModelConversion', 'convert_model_state_dict', 'strict_model_state_dict', 'plugin_backbones',
-    'layout_name'
+    'layout_name', 'backbone_file_layout'
 ]
 
 # (family, layout reported by the family's detector) -> the name the log line and messages use
@@ -70,6 +70,26 @@ def plugin_backbones(model: nn.Module) -> list[tuple[str, nn.Module]]:
             continue
         found.append((name + '.', m))
     return found
+
+
+def backbone_file_layout(model: nn.Module, ckpt: object) -> str | None:
+    """The layout name when ``ckpt`` is a backbone-only file for the model's ``backbone`` (an ImageNet classifier,
+    an mmdet / mmpretrain / timm backbone file: no ``backbone.`` keys, recognised by the family's ``detect``), else
+    None. Such a file initialises a backbone through ``init_cfg``; it cannot be evaluated as a whole model."""
+    from .common import unwrap_state_dict
+    raw = ckpt.get('state_dict', ckpt) if isinstance(ckpt, Mapping) else None
+    if isinstance(raw, Mapping) and any(str(k).startswith(('backbone.', 'module.backbone.')) for k in raw):
+        return None  # a whole-model file
+    try:
+        sd = unwrap_state_dict(ckpt)
+    except CheckpointError:
+        return None
+    for prefix, backbone in plugin_backbones(model):
+        cls = type(backbone)
+        if prefix == 'backbone.' and cls.detect(sd):
+            name = layout_name(cls.family or cls.__name__, sd)
+            return None if name in ('unrecognised', 'unknown') else name
+    return None
 
 
 def _fits(sd: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor]) -> bool:
