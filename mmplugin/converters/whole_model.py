@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..checkpoint import CheckpointError, is_optional_key
+from ..checkpoint import CheckpointError, state_dict_mismatch
 
 __all__ = [
     'BackboneConversion', 'ModelConversion', 'convert_model_state_dict', 'strict_model_state_dict', 'plugin_backbones',
@@ -93,12 +93,8 @@ def backbone_file_layout(model: nn.Module, ckpt: object) -> str | None:
 
 
 def _fits(sd: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor]) -> bool:
-    """Same keys (BatchNorm counters optional) and shapes."""
-    if any(k not in own for k in sd):
-        return False
-    if any(k not in sd for k in own if not is_optional_key(k)):
-        return False
-    return all(not isinstance(v, torch.Tensor) or v.shape == own[k].shape for k, v in sd.items())
+    """Same keys (BatchNorm counters optional) and shapes: :func:`mmplugin.checkpoint.state_dict_mismatch`."""
+    return not any(state_dict_mismatch(sd, own))
 
 
 @dataclass
