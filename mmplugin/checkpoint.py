@@ -709,7 +709,13 @@ def install_safe_checkpoint_loading(extra_globals: Iterable[Any] = ()) -> None:
     mm_ckpt.CheckpointLoader.register_scheme(prefixes='', loader=load_from_mmplugin, force=True)
     mm_ckpt.CheckpointLoader.register_scheme(prefixes=('http://', 'https://'), loader=load_from_mmplugin, force=True)
     mm_ckpt.load_url = _mmengine_load_url
-    mm_ckpt._load_checkpoint_to_model = _converting_loader(mm_ckpt._load_checkpoint_to_model)
-    mm_runner._load_checkpoint_to_model = mm_ckpt._load_checkpoint_to_model  # imported there by name
+    original = mm_ckpt._load_checkpoint_to_model
+    mm_ckpt._load_checkpoint_to_model = _converting_loader(original)
+    # modules that imported the function by name before this ran keep their own reference (mmengine's Runner and
+    # BaseInferencer, mmdet's DetInferencer, mmseg's MMSegInferencer, when imported before mmplugin): rebind it
+    # there too. Modules imported later read the converting one from mmengine.runner.checkpoint.
+    for module in [mm_runner, *list(sys.modules.values())]:
+        if getattr(module, '__dict__', {}).get('_load_checkpoint_to_model') is original:
+            module._load_checkpoint_to_model = mm_ckpt._load_checkpoint_to_model
     LocalBackend.put = _atomic_put
     _INSTALLED = True

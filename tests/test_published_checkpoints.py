@@ -507,6 +507,35 @@ def test_load_from_logs_one_line_and_runner_loads(tmp_path, caplog):
     assert torch.equal(ours.state_dict()['backbone.layers.3.blocks.1.mlp.fc2.weight'], w)
 
 
+def test_inferencer_imported_before_mmplugin_converts(tmp_path):
+    """A user script imports mmdet's DetInferencer first and mmplugin arrives later through the config's
+    custom_imports: DetInferencer's own reference to mmengine's loader converts too (else it loads non-strictly and
+    leaves the backbone random). In a fresh interpreter, since the import order is the point."""
+    import os
+    import subprocess
+    import sys
+    _, ccfg = _small_pair(tmp_path)
+    theirs = randomize_(_build(ccfg), seed=5)
+    ckpt = tmp_path / 'mmdet.pth'
+    torch.save({'state_dict': theirs.state_dict(), 'meta': {}}, ckpt)
+    child = _child_config(tmp_path, 'swin_t_maskrcnn_1x.py', True)
+    script = textwrap.dedent(f"""
+        import sys
+        from mmdet.apis import DetInferencer
+        assert 'mmplugin' not in sys.modules
+        import torch
+        inferencer = DetInferencer(model={str(child)!r}, weights={str(ckpt)!r}, device='cpu', show_progress=False)
+        got = inferencer.model.state_dict()['backbone.layers.3.blocks.1.mlp.fc2.weight']
+        sd = torch.load({str(ckpt)!r}, weights_only=True)['state_dict']
+        want = sd['backbone.stages.3.blocks.1.ffn.layers.1.weight']
+        assert torch.equal(got, want)
+        print('converted and loaded')
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
+    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and 'converted and loaded' in out.stdout, out.stderr[-3000:]
+
+
 # ---------------------------------------------------------------------------------------------- tools
 def _child_config(tmp_path: Path, base: str, det: bool) -> Path:
     """A plugin config shrunk as in the prediction tests, as a child config file (what a user would write)."""
