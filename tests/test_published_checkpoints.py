@@ -295,6 +295,19 @@ def test_full_size_key_fit(plugin, counterpart, kind, published, tmp_path):
             == {k: tuple(v.shape) for k, v in own.items() if k in converted or not k.endswith('num_batches_tracked')}
 
 
+@pytest.mark.parametrize('plugin,counterpart', [
+    pytest.param(row[0], row[1], id=f'{i}-' + (row[0] if '\n' not in row[0] else 'retinanet_swap'))
+    for i, row in enumerate(COUNTERPARTS)])
+def test_test_time_settings_equal_counterpart(plugin, counterpart, tmp_path):
+    """Every pair, also those whose predictions are not compared (the same models as a compared pair but for
+    backbone size and training): the test pipeline, the test-time settings and the data preprocessor are the
+    counterpart's, so with the same weights the test-time model and its inputs are the same."""
+    pcfg, ccfg = _config(plugin, tmp_path, 'plugin'), _config(counterpart, tmp_path, 'counterpart')
+    assert pcfg.test_dataloader.dataset.pipeline == ccfg.test_dataloader.dataset.pipeline
+    assert pcfg.model.test_cfg == ccfg.model.test_cfg
+    assert pcfg.model.data_preprocessor == ccfg.model.data_preprocessor
+
+
 def test_full_size_key_fit_covers_every_counterpart_config():
     """Every plugin Swin detection / segmentation config with a published counterpart is in the table; the ones
     left out have none (Swin V2: no official or OpenMMLab detector / segmentor; Swin-S/B Mask R-CNN 1x and Swin-B
