@@ -35,11 +35,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import FP32_PARITY, rel_err
 from mmengine.config import Config
 
 from mmplugin.checkpoint import check_checkpoint_fits
 from mmplugin.converters.swin import convert_swin
 from mmplugin.converters.whole_model import convert_model_state_dict, strict_model_state_dict
+from mmplugin.reference.swiftformer import ReferenceSwiftFormer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / 'configs'
@@ -483,6 +485,29 @@ def test_a_file_that_still_does_not_fit_is_refused(tmp_path):
     # a file for another model entirely still says so
     msg = check_checkpoint_fits(ours, {'layer1.0.conv1.weight': torch.zeros(64, 64, 1, 1)})
     assert 'No key matches' in msg and 'backbone weights only' not in msg, msg
+
+
+def test_swiftformer_detector_with_official_fork_feat_backbone_names(tmp_path):
+    """A whole SwiftFormer detector whose backbone part has the official ``fork_feat`` names (``patch_embed``,
+    ``network.i``, output BatchNorms ``norm0/2/4/6``): converted on load, strictly, and the backbone then computes
+    what the official formulation computes with those weights."""
+    from mmengine.runner import load_checkpoint
+    cfg = _config(str(CONFIGS / 'demo/swiftformer_xs_maskrcnn_shapes.py'), tmp_path, 'plugin')
+    ours = _build(cfg)
+    arch = type(ours.backbone).arch_zoo['xs']
+    ref = randomize_(ReferenceSwiftFormer(arch['depths'], arch['embed_dims']), seed=6).eval()
+    sd = {**{k: v for k, v in ours.state_dict().items() if not k.startswith('backbone.')},
+          **{'backbone.' + k: v for k, v in ref.state_dict().items()}}
+    assert check_checkpoint_fits(ours, {'state_dict': sd}) is None
+    assert 'official SwiftFormer' in convert_model_state_dict(ours, sd).describe()
+    path = tmp_path / 'official_fork_feat_detector.pth'
+    torch.save({'state_dict': sd, 'meta': {}}, path)
+    load_checkpoint(ours, str(path), map_location='cpu', strict=True)
+    ours.backbone.eval()
+    x = torch.randn(1, 3, 96, 128)
+    with torch.no_grad():
+        for a, b in zip(ours.backbone(x), ref(x)):
+            assert rel_err(a, b) < FP32_PARITY
 
 
 def test_plugin_layout_passes_through_untouched(tmp_path):
