@@ -546,8 +546,8 @@ def test_load_from_logs_one_line_and_runner_loads(tmp_path, caplog):
 
 
 def test_inferencer_imported_before_mmplugin_converts(tmp_path):
-    """A user script imports mmdet's DetInferencer first and mmplugin arrives later through the config's
-    custom_imports: DetInferencer's own reference to mmengine's loader converts too (else it loads non-strictly and
+    """A user script imports mmdet's DetInferencer (and mmseg's inferencer) first and mmplugin arrives later through
+    the config's custom_imports: their own references to mmengine's loader convert too (else it loads non-strictly and
     leaves the backbone random). In a fresh interpreter, since the import order is the point."""
     import os
     import subprocess
@@ -560,6 +560,7 @@ def test_inferencer_imported_before_mmplugin_converts(tmp_path):
     script = textwrap.dedent(f"""
         import sys
         from mmdet.apis import DetInferencer
+        from mmseg.apis import mmseg_inferencer
         assert 'mmplugin' not in sys.modules
         import torch
         inferencer = DetInferencer(model={str(child)!r}, weights={str(ckpt)!r}, device='cpu', show_progress=False)
@@ -567,6 +568,8 @@ def test_inferencer_imported_before_mmplugin_converts(tmp_path):
         sd = torch.load({str(ckpt)!r}, weights_only=True)['state_dict']
         want = sd['backbone.stages.3.blocks.1.ffn.layers.1.weight']
         assert torch.equal(got, want)
+        assert mmseg_inferencer._load_checkpoint_to_model is sys.modules['mmengine.runner.checkpoint'].__dict__[
+            '_load_checkpoint_to_model']  # MMSegInferencer's reference is the converting loader too
         print('converted and loaded')
     """)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
