@@ -77,13 +77,15 @@ def backbone_file_layout(model: nn.Module, ckpt: object) -> str | None:
     an mmdet / mmpretrain / timm backbone file: no ``backbone.`` keys, recognised by the family's ``detect``), else
     None. Such a file initialises a backbone through ``init_cfg``; it cannot be evaluated as a whole model."""
     from .common import unwrap_state_dict
-    raw = ckpt.get('state_dict', ckpt) if isinstance(ckpt, Mapping) else None
-    if isinstance(raw, Mapping) and any(str(k).startswith(('backbone.', 'module.backbone.')) for k in raw):
-        return None  # a whole-model file
     try:
         sd = unwrap_state_dict(ckpt)
     except CheckpointError:
         return None
+    try:
+        unwrap_state_dict(ckpt, prefix='backbone.')
+        return None  # a whole-model file (in any container), not a backbone-only one
+    except CheckpointError:
+        pass  # no key starts with backbone.
     for prefix, backbone in plugin_backbones(model):
         cls = type(backbone)
         if prefix == 'backbone.' and cls.detect(sd):
