@@ -1,4 +1,4 @@
-# Worked example (README "Writing your own config"): SwiftFormer-L1 in mmdet's RetinaNet 1x, COCO.
+# Worked example (README "Using the backbones in your own config"): SwiftFormer-L1 in mmdet's RetinaNet 1x, COCO.
 # Three outputs (strides 8/16/32) feed the FPN, which adds P6/P7 from its input; the stem and stage 1 are frozen.
 _base_ = ['mmdet::retinanet/retinanet_r50_fpn_1x_coco.py']
 custom_imports = dict(imports=['mmplugin'], allow_failed_imports=False)

@@ -48,7 +48,7 @@ except ImportError:  # Windows: no advisory locks; stale files are then only rem
 __all__ = [
     'CheckpointError', 'CheckpointNotFoundError', 'UnsafeCheckpointError', 'safe_globals', 'load_checkpoint_file',
     'describe_file', 'is_url', 'download_checkpoint', 'atomic_write_bytes', 'remove_stale_temporary_files',
-    'is_optional_key', 'format_keys', 'key_mismatch_is_structural', 'check_checkpoint_fits',
+    'is_optional_key', 'format_keys', 'key_mismatch_is_structural', 'state_dict_mismatch', 'check_checkpoint_fits',
     'install_safe_checkpoint_loading'
 ]
 
@@ -564,6 +564,23 @@ def format_keys(keys: list[str], n: int = 5) -> str:
     return ', '.join(keys[:n]) + (f', ... (+{len(keys) - n} more)' if len(keys) > n else '')
 
 
+def state_dict_mismatch(sd: Mapping[str, Any], model_sd: Mapping[str, torch.Tensor]
+                        ) -> tuple[list[str], list[str], list[str]]:
+    """What keeps ``sd`` from loading strictly into a module whose ``state_dict()`` is ``model_sd``: the rule of
+    "does it fit", shared by :func:`check_checkpoint_fits` and the whole-model converter.
+
+    Returns:
+        ``(missing, unexpected, shapes)``: the model's keys ``sd`` lacks (BatchNorm counters optional, see
+        :func:`is_optional_key`), the keys of ``sd`` the model lacks, and ``'key (checkpoint shape) vs (model
+        shape)'`` for every tensor of another shape. All empty: it fits.
+    """
+    missing = [k for k in model_sd if k not in sd and not is_optional_key(k)]
+    unexpected = [k for k in sd if k not in model_sd]
+    shapes = [f'{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}' for k, v in model_sd.items()
+              if k in sd and isinstance(sd[k], torch.Tensor) and sd[k].shape != v.shape]
+    return missing, unexpected, shapes
+
+
 def check_checkpoint_fits(model: torch.nn.Module, ckpt: Any, *, source: str = 'the checkpoint',
                           model_name: str = 'the model') -> str | None:
     """Compare a whole-model checkpoint (mmengine layout) with ``model`` key by key and shape by shape.
@@ -595,10 +612,7 @@ def check_checkpoint_fits(model: torch.nn.Module, ckpt: Any, *, source: str = 't
     conversion = convert_model_state_dict(model, sd)  # published layouts of plugin backbones -> the model's
     sd = conversion.state_dict
     model_sd = model.state_dict()
-    missing = [k for k in model_sd if k not in sd and not is_optional_key(k)]
-    unexpected = [k for k in sd if k not in model_sd]
-    shapes = [f'{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}' for k, v in model_sd.items()
-              if k in sd and isinstance(sd[k], torch.Tensor) and sd[k].shape != v.shape]
+    missing, unexpected, shapes = state_dict_mismatch(sd, model_sd)
     if not (missing or unexpected or shapes):
         return None
     parts = []
@@ -614,7 +628,11 @@ def check_checkpoint_fits(model: torch.nn.Module, ckpt: Any, *, source: str = 't
         hint = (' It holds backbone weights only: use it for training as '
                 "model.backbone.init_cfg=dict(type='Pretrained', checkpoint=...), not for evaluation.")
     elif not any(k in model_sd for k in sd):
-        hint = ' No key matches: it is for another model or config.'
+        from .converters.whole_model import backbone_file_layout
+        layout = backbone_file_layout(model, ckpt)
+        hint = (f' It holds backbone weights only ({layout} layout): use it for training as '
+                "model.backbone.init_cfg=dict(type='Pretrained', checkpoint=...), not for evaluation." if layout
+                else ' No key matches: it is for another model or config.')
     done = conversion.describe()
     if done:
         hint += f' (Compared after this conversion: {done}.)'
@@ -691,7 +709,13 @@ def install_safe_checkpoint_loading(extra_globals: Iterable[Any] = ()) -> None:
     mm_ckpt.CheckpointLoader.register_scheme(prefixes='', loader=load_from_mmplugin, force=True)
     mm_ckpt.CheckpointLoader.register_scheme(prefixes=('http://', 'https://'), loader=load_from_mmplugin, force=True)
     mm_ckpt.load_url = _mmengine_load_url
-    mm_ckpt._load_checkpoint_to_model = _converting_loader(mm_ckpt._load_checkpoint_to_model)
-    mm_runner._load_checkpoint_to_model = mm_ckpt._load_checkpoint_to_model  # imported there by name
+    original = mm_ckpt._load_checkpoint_to_model
+    mm_ckpt._load_checkpoint_to_model = _converting_loader(original)
+    # modules that imported the function by name before this ran keep their own reference (mmengine's Runner and
+    # BaseInferencer, mmdet's DetInferencer, mmseg's MMSegInferencer, when imported before mmplugin): rebind it
+    # there too. Modules imported later read the converting one from mmengine.runner.checkpoint.
+    for module in [mm_runner, *list(sys.modules.values())]:
+        if getattr(module, '__dict__', {}).get('_load_checkpoint_to_model') is original:
+            module._load_checkpoint_to_model = mm_ckpt._load_checkpoint_to_model
     LocalBackend.put = _atomic_put
     _INSTALLED = True

@@ -12,7 +12,8 @@ The configs live in the repository's ``configs/``; the package reaches them as `
 the source tree, so an editable install reads the repository's files; real files in a wheel, which ships them).
 
 mmengine reads ``_base_`` before it imports ``custom_imports``, so ``mmplugin`` must be imported before the config is
-read: the plugin's tools do this; elsewhere see the README ("Inheriting the plugin's configs").
+read: the plugin's tools do this; elsewhere see docs/configuring.md ("Inheriting the plugin's configs from your
+own project").
 """
 from __future__ import annotations
 

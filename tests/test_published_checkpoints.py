@@ -35,11 +35,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import FP32_PARITY, rel_err
 from mmengine.config import Config
 
 from mmplugin.checkpoint import check_checkpoint_fits
 from mmplugin.converters.swin import convert_swin
 from mmplugin.converters.whole_model import convert_model_state_dict, strict_model_state_dict
+from mmplugin.reference.swiftformer import ReferenceSwiftFormer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / 'configs'
@@ -295,6 +297,19 @@ def test_full_size_key_fit(plugin, counterpart, kind, published, tmp_path):
             == {k: tuple(v.shape) for k, v in own.items() if k in converted or not k.endswith('num_batches_tracked')}
 
 
+@pytest.mark.parametrize('plugin,counterpart', [
+    pytest.param(row[0], row[1], id=f'{i}-' + (row[0] if '\n' not in row[0] else 'retinanet_swap'))
+    for i, row in enumerate(COUNTERPARTS)])
+def test_test_time_settings_equal_counterpart(plugin, counterpart, tmp_path):
+    """Every pair, also those whose predictions are not compared (the same models as a compared pair but for
+    backbone size and training): the test pipeline, the test-time settings and the data preprocessor are the
+    counterpart's, so with the same weights the test-time model and its inputs are the same."""
+    pcfg, ccfg = _config(plugin, tmp_path, 'plugin'), _config(counterpart, tmp_path, 'counterpart')
+    assert pcfg.test_dataloader.dataset.pipeline == ccfg.test_dataloader.dataset.pipeline
+    assert pcfg.model.test_cfg == ccfg.model.test_cfg
+    assert pcfg.model.data_preprocessor == ccfg.model.data_preprocessor
+
+
 def test_full_size_key_fit_covers_every_counterpart_config():
     """Every plugin Swin detection / segmentation config with a published counterpart is in the table; the ones
     left out have none (Swin V2: no official or OpenMMLab detector / segmentor; Swin-S/B Mask R-CNN 1x and Swin-B
@@ -464,6 +479,40 @@ def test_a_file_that_still_does_not_fit_is_refused(tmp_path):
     own = ours.state_dict()
     msg = check_checkpoint_fits(ours, {k[len('backbone.'):]: v for k, v in own.items() if k.startswith('backbone.')})
     assert 'backbone weights only' in msg
+    # ... and so does one in a published backbone layout: mmdet's backbone, an official ImageNet classifier file
+    mmdet_backbone = {k[len('backbone.'):]: v for k, v in sd.items() if k.startswith('backbone.')}
+    msg = check_checkpoint_fits(ours, mmdet_backbone)
+    assert 'backbone weights only (OpenMMLab' in msg and 'No key matches' not in msg, msg
+    official = {k[len('backbone.'):]: v for k, v in official_layout(sd).items() if k.startswith('backbone.')}
+    classifier = {'model': {**official, 'norm.weight': torch.ones(256), 'head.weight': torch.zeros(10, 256)}}
+    msg = check_checkpoint_fits(ours, classifier)
+    assert 'backbone weights only (official Swin' in msg, msg
+    # a file for another model entirely still says so
+    msg = check_checkpoint_fits(ours, {'layer1.0.conv1.weight': torch.zeros(64, 64, 1, 1)})
+    assert 'No key matches' in msg and 'backbone weights only' not in msg, msg
+
+
+def test_swiftformer_detector_with_official_fork_feat_backbone_names(tmp_path):
+    """A whole SwiftFormer detector whose backbone part has the official ``fork_feat`` names (``patch_embed``,
+    ``network.i``, output BatchNorms ``norm0/2/4/6``): converted on load, strictly, and the backbone then computes
+    what the official formulation computes with those weights."""
+    from mmengine.runner import load_checkpoint
+    cfg = _config(str(CONFIGS / 'demo/swiftformer_xs_maskrcnn_shapes.py'), tmp_path, 'plugin')
+    ours = _build(cfg)
+    arch = type(ours.backbone).arch_zoo['xs']
+    ref = randomize_(ReferenceSwiftFormer(arch['depths'], arch['embed_dims']), seed=6).eval()
+    sd = {**{k: v for k, v in ours.state_dict().items() if not k.startswith('backbone.')},
+          **{'backbone.' + k: v for k, v in ref.state_dict().items()}}
+    assert check_checkpoint_fits(ours, {'state_dict': sd}) is None
+    assert 'official SwiftFormer' in convert_model_state_dict(ours, sd).describe()
+    path = tmp_path / 'official_fork_feat_detector.pth'
+    torch.save({'state_dict': sd, 'meta': {}}, path)
+    load_checkpoint(ours, str(path), map_location='cpu', strict=True)
+    ours.backbone.eval()
+    x = torch.randn(1, 3, 96, 128)
+    with torch.no_grad():
+        for a, b in zip(ours.backbone(x), ref(x)):
+            assert rel_err(a, b) < FP32_PARITY
 
 
 def test_plugin_layout_passes_through_untouched(tmp_path):
@@ -499,6 +548,38 @@ def test_load_from_logs_one_line_and_runner_loads(tmp_path, caplog):
     assert len(conv) == 1 and 'OpenMMLab' in conv[0] and 'derived buffers' in conv[0]
     w = theirs.state_dict()['backbone.stages.3.blocks.1.ffn.layers.1.weight']
     assert torch.equal(ours.state_dict()['backbone.layers.3.blocks.1.mlp.fc2.weight'], w)
+
+
+def test_inferencer_imported_before_mmplugin_converts(tmp_path):
+    """A user script imports mmdet's DetInferencer (and mmseg's inferencer) first and mmplugin arrives later through
+    the config's custom_imports: their own references to mmengine's loader convert too (else it loads non-strictly and
+    leaves the backbone random). In a fresh interpreter, since the import order is the point."""
+    import os
+    import subprocess
+    import sys
+    _, ccfg = _small_pair(tmp_path)
+    theirs = randomize_(_build(ccfg), seed=5)
+    ckpt = tmp_path / 'mmdet.pth'
+    torch.save({'state_dict': theirs.state_dict(), 'meta': {}}, ckpt)
+    child = _child_config(tmp_path, 'swin_t_maskrcnn_1x.py', True)
+    script = textwrap.dedent(f"""
+        import sys
+        from mmdet.apis import DetInferencer
+        from mmseg.apis import mmseg_inferencer
+        assert 'mmplugin' not in sys.modules
+        import torch
+        inferencer = DetInferencer(model={str(child)!r}, weights={str(ckpt)!r}, device='cpu', show_progress=False)
+        got = inferencer.model.state_dict()['backbone.layers.3.blocks.1.mlp.fc2.weight']
+        sd = torch.load({str(ckpt)!r}, weights_only=True)['state_dict']
+        want = sd['backbone.stages.3.blocks.1.ffn.layers.1.weight']
+        assert torch.equal(got, want)
+        assert mmseg_inferencer._load_checkpoint_to_model is sys.modules['mmengine.runner.checkpoint'].__dict__[
+            '_load_checkpoint_to_model']  # MMSegInferencer's reference is the converting loader too
+        print('converted and loaded')
+    """)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
+    out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0 and 'converted and loaded' in out.stdout, out.stderr[-3000:]
 
 
 # ---------------------------------------------------------------------------------------------- tools

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..checkpoint import CheckpointError, is_optional_key
+from ..checkpoint import CheckpointError, state_dict_mismatch
 
 __all__ = [
     'BackboneConversion', 'ModelConversion', 'convert_model_state_dict', 'strict_model_state_dict', 'plugin_backbones',
-    'layout_name'
+    'layout_name', 'backbone_file_layout'
 ]
 
 # (family, layout reported by the family's detector) -> the name the log line and messages use
@@ -72,13 +72,31 @@ def plugin_backbones(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return found
 
 
+def backbone_file_layout(model: nn.Module, ckpt: object) -> str | None:
+    """The layout name when ``ckpt`` is a backbone-only file for the model's ``backbone`` (an ImageNet classifier,
+    an mmdet / mmpretrain / timm backbone file: no ``backbone.`` keys, recognised by the family's ``detect``), else
+    None. Such a file initialises a backbone through ``init_cfg``; it cannot be evaluated as a whole model."""
+    from .common import unwrap_state_dict
+    try:
+        sd = unwrap_state_dict(ckpt)
+    except CheckpointError:
+        return None
+    try:
+        unwrap_state_dict(ckpt, prefix='backbone.')
+        return None  # a whole-model file (in any container), not a backbone-only one
+    except CheckpointError:
+        pass  # no key starts with backbone.
+    for prefix, backbone in plugin_backbones(model):
+        cls = type(backbone)
+        if prefix == 'backbone.' and cls.detect(sd):
+            name = layout_name(cls.family or cls.__name__, sd)
+            return None if name in ('unrecognised', 'unknown') else name
+    return None
+
+
 def _fits(sd: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor]) -> bool:
-    """Same keys (BatchNorm counters optional) and shapes."""
-    if any(k not in own for k in sd):
-        return False
-    if any(k not in sd for k in own if not is_optional_key(k)):
-        return False
-    return all(not isinstance(v, torch.Tensor) or v.shape == own[k].shape for k, v in sd.items())
+    """Same keys (BatchNorm counters optional) and shapes: :func:`mmplugin.checkpoint.state_dict_mismatch`."""
+    return not any(state_dict_mismatch(sd, own))
 
 
 @dataclass

@@ -113,7 +113,7 @@ def configure_show_dir(cfg, show_dir: str) -> str:
     Detectors: mmdet's ``DetVisualizationHook`` (added when the config has none) with ``test_out_dir``.
     Segmentors: :class:`mmplugin.utils.seg_test_vis.SegTestVisualizationHook` in place of mmseg's
     ``SegVisualizationHook`` (whose test drawing has no folder keyword, skips all but every ``interval``-th batch and
-    needs the training dataloader), keeping its ``show`` / ``wait_time`` / ``backend_args``.
+    needs the training dataloader), keeping its ``wait_time`` / ``backend_args``; nothing is shown on screen.
     """
     show_dir = osp.abspath(show_dir)
     seg = is_segmentor_cfg(cfg)

@@ -3,8 +3,8 @@ meaning they have in their home library, so an existing config works after swapp
 
 :func:`translate_swin_kwargs` turns them into the plugin's arguments or, for values the plugin cannot honour,
 raises ONE :class:`UnsupportedArgumentsError` that lists every such key of the call, which library's meaning was
-assumed and what to write instead. Nothing is silently ignored. The README's "Coming from mmdet / mmseg /
-mmpretrain" table lists the same keys.
+assumed and what to write instead. Nothing is silently ignored. docs/configuring.md ("Coming from mmdet / mmseg /
+mmpretrain: keywords") lists the same keys.
 """
 from __future__ import annotations
 
@@ -150,7 +150,7 @@ def translate_swin_kwargs(cls, arch, kwargs: dict) -> tuple[object, dict]:
         raise UnsupportedArgumentsError(
             f'{owner} cannot honour {len(problems)} argument(s):\n  - ' + '\n  - '.join(problems) +
             f'\nValid arguments: {", ".join(sorted(valid))}, plus the mmdet / mmseg / mmpretrain Swin keywords listed '
-            'in the README ("Coming from mmdet / mmseg / mmpretrain").')
+            'in docs/configuring.md ("Coming from mmdet / mmseg / mmpretrain: keywords").')
     return arch, kw
 
 
