@@ -211,7 +211,6 @@ COMPILE_SHAPES = [(2, 3, 96, 128), (1, 3, 97, 260), (3, 3, 33, 45), (1, 3, 230, 
                   (1, 3, 250, 129)]
 
 
-@pytest.mark.numeric
 @pytest.mark.parametrize('family', ['swin', 'swinv2', 'swiftformer'])
 def test_compile_fullgraph_dynamic_one_recompile(family):
     """fullgraph=True (a graph break raises), dynamic=True: at most one recompile over six sizes (batch 1 and 3,

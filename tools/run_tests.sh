@@ -1,21 +1,30 @@
 #!/usr/bin/env bash
 # The README's test command: set up (or reuse) .venv, then run the whole test suite. Extra args go to pytest.
 #
+# The suite runs in parallel processes (pytest-xdist, one per core up to 4, whole files per process, one thread
+# each; MMPLUGIN_TEST_WORKERS=0 runs it in this process with torch's default threads).
+#
 # PyTorch and oneDNN choose kernels by instruction set at run time. On a machine newer than AVX2 the numeric
-# tests (marker `numeric`: parity, non-finite, bf16, export parity) run again on each older kernel family that
-# `mmplugin/utils/cpu.py --lower-envs` names (AMX: AVX512-BF16 and AVX2; AVX-512: AVX2), capped with
+# tests (marker `numeric`: parity, non-finite, bf16, export parity) run again on the next-lower kernel family
+# that `mmplugin/utils/cpu.py --lower-envs` names (AMX: AVX512-BF16; AVX-512: AVX2), capped with
 # ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY. With extra pytest arguments only the first pass runs;
-# MMPLUGIN_OLDER_ISAS=0 skips the other passes.
+# MMPLUGIN_OLDER_ISAS=0 skips the second pass.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/tools/setup_env.sh"
 cd "$ROOT"
 PY="$ROOT/.venv/bin/python"
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider)
+workers="${MMPLUGIN_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
+[ "$workers" -le 4 ] || workers=4
+if [ "$workers" -ge 2 ]; then
+  PYTEST+=(-n "$workers" --dist loadfile)
+  export OMP_NUM_THREADS=1   # one thread per worker process: the cores are shared out by processes, not threads
+fi
 CPU=("$PY" "$ROOT/mmplugin/utils/cpu.py")  # standalone: no package import
 family() { env "$@" "${CPU[@]}" --family; }
 
-echo "[tests] all tests on: $("$PY" -m mmplugin.utils.cpu)"
+echo "[tests] all tests on: $("${CPU[@]}")"
 "${PYTEST[@]}" tests "$@"
 if [ $# -gt 0 ] || [ "${MMPLUGIN_OLDER_ISAS:-1}" = 0 ]; then
   exit 0

@@ -88,19 +88,17 @@ def kernel_family() -> str:
 
 
 def lower_isa_envs() -> list[dict[str, str]]:
-    """Environments that run older kernel families on this machine, newest first; ``[]`` on an AVX2 machine.
+    """The environment that runs the next-lower kernel family on this machine; ``[]`` on an AVX2 machine.
 
-    AMX machines get two: AVX512-BF16 (native bf16 without AMX tiles: the kernels of AVX-512 machines with bf16,
-    whose channels-last bf16 convolution is the one that leaks non-finite values) and AVX2. Every other machine
-    newer than AVX2 gets AVX2: the oldest family PyTorch's x86 build vectorises for, shared by most deployment
-    CPUs.
+    AMX -> AVX512-BF16 (native bf16 without AMX tiles: the kernels of AVX-512 CPUs with bf16, whose channels-last
+    bf16 convolution is the one that leaks non-finite values); AVX512-BF16 and AVX-512 -> AVX2 (the oldest family
+    PyTorch's x86 build vectorises for, shared by most deployment CPUs). A list, so that a runner can loop.
     """
     hw = _hardware_family(cpu_flags())
     avx2 = len(_FAMILIES) - 1
     if hw is None or hw >= avx2:
         return []
-    envs = [dict(_FAMILIES[1][2])] if hw == 0 else []
-    return envs + [dict(_FAMILIES[avx2][2])]
+    return [dict(_FAMILIES[1][2])] if hw == 0 else [dict(_FAMILIES[avx2][2])]
 
 
 def describe() -> str:
