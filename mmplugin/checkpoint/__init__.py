@@ -608,7 +608,7 @@ def check_checkpoint_fits(model: torch.nn.Module, ckpt: Any, *, source: str = 't
     if not isinstance(sd, Mapping):
         return f'{source} holds no state dict (got {type(ckpt).__name__})'
     sd = {re.sub(r'^module\.', '', str(k)): v for k, v in sd.items()}
-    from .converters.whole_model import convert_model_state_dict  # the converters import this module
+    from ..converters.whole_model import convert_model_state_dict  # the converters import this module
     conversion = convert_model_state_dict(model, sd)  # published layouts of plugin backbones -> the model's
     sd = conversion.state_dict
     model_sd = model.state_dict()
@@ -628,7 +628,7 @@ def check_checkpoint_fits(model: torch.nn.Module, ckpt: Any, *, source: str = 't
         hint = (' It holds backbone weights only: use it for training as '
                 "model.backbone.init_cfg=dict(type='Pretrained', checkpoint=...), not for evaluation.")
     elif not any(k in model_sd for k in sd):
-        from .converters.whole_model import backbone_file_layout
+        from ..converters.whole_model import backbone_file_layout
         layout = backbone_file_layout(model, ckpt)
         hint = (f' It holds backbone weights only ({layout} layout): use it for training as '
                 "model.backbone.init_cfg=dict(type='Pretrained', checkpoint=...), not for evaluation." if layout
@@ -664,7 +664,7 @@ def _converting_loader(original):
     def load(model, checkpoint, strict=False, logger=None, revise_keys=((r'^module\.', ''), )):
         sd = checkpoint.get('state_dict', checkpoint) if isinstance(checkpoint, Mapping) else None
         if isinstance(sd, Mapping) and sd:
-            from .converters.whole_model import convert_model_state_dict
+            from ..converters.whole_model import convert_model_state_dict
             revised = dict(sd)
             for pattern, repl in revise_keys:
                 revised = {re.sub(pattern, repl, str(k)): v for k, v in revised.items()}
