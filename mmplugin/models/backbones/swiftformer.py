@@ -206,9 +206,9 @@ class SwiftFormer(BaseBackbone):
         for i, (depth, dim) in enumerate(zip(depths, dims)):
             start = sum(depths[:i])
             self.stages.append(
-                SwiftFormerStage(dims[i - 1] if i else dim, dim, depth, downsample=i > 0, dprs=dprs[start:start + depth],
-                                 mlp_ratio=mlp_ratio, norm_cfg=norm_cfg, layer_scale_init=layer_scale_init,
-                                 token_weighting=token_weighting))
+                SwiftFormerStage(dims[i - 1] if i else dim, dim, depth, downsample=i > 0,
+                                 dprs=dprs[start:start + depth], mlp_ratio=mlp_ratio, norm_cfg=norm_cfg,
+                                 layer_scale_init=layer_scale_init, token_weighting=token_weighting))
         self._add_out_norms(lambda c: norm_layer(out_norm_cfg, c) if out_norm_cfg else nn.Identity())
         self._finish_init()
         if channels_last:
