@@ -70,6 +70,8 @@ class PretrainedMixin:
         return [p.name for p in params if p.name != 'out_indices' and p.kind is not p.VAR_KEYWORD]
 
     def init_weights(self) -> None:
+        """Load ``init_cfg``'s checkpoint if it is ``type='Pretrained'`` (planned and checked first, then the
+        family's default initialisation for the keys it lacks); otherwise the default initialisation."""
         cfg = self.init_cfg if isinstance(self.init_cfg, dict) else None
         if cfg is None or cfg.get('type') != 'Pretrained':
             self._default_init()
