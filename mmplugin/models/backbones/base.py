@@ -1,9 +1,9 @@
-"""What every plugin backbone shares, and the table of backbone families that tools iterate over.
+"""What every plugin backbone shares: the template a backbone family fills in.
 
 A *family* is one backbone class (``SwiftFormer``, ``SwinTransformer``, ``SwinTransformerV2``, ...). It declares,
 in its own file and nowhere else:
 
-* ``family``: its name (``'swiftformer'``), which also registers it in :data:`FAMILIES`;
+* ``family``: its name (``'swiftformer'``), which also registers it in :data:`FAMILIES` (:mod:`.registry`);
 * ``arch_zoo`` / ``arch_keys``: named settings and the keys a custom arch dict must have;
 * ``converter``: a pure ``(state_dict, **options) -> (state_dict, dropped_keys)`` function from any published
   layout to the family's own, and :meth:`detect`, which recognises the family's checkpoints (and no other's);
@@ -13,7 +13,8 @@ in its own file and nowhere else:
 
 :class:`BaseBackbone` owns everything else: argument checks, out_indices / out_channels / out_strides
 bookkeeping, per-output norms, freezing, ``norm_eval``, gradient checkpointing (``with_cp`` or
-:meth:`set_grad_checkpointing`, also after construction), empty batches, and pretrained loading.
+:meth:`set_grad_checkpointing`, also after construction), empty batches, and pretrained loading (the
+:class:`~.pretrained.PretrainedMixin`).
 
 Contract checked for every family by ``tests/test_conformance.py``: output ``k`` is an NCHW tensor with
 ``out_channels[k]`` channels and spatial size ``ceil(H / out_strides[k]) x ceil(W / out_strides[k])``.
@@ -26,58 +27,18 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.utils.checkpoint as cp
-from mmengine.logging import print_log
 from mmengine.model import BaseModule
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ...checkpoint import CheckpointError, load_checkpoint_file
-from ...converters.common import plan_load, unwrap_state_dict
-from .openmmlab_compat import resolve_pretrained
+from .arguments import check_int_list
+from .pretrained import PretrainedMixin, resolve_pretrained
+from .registry import FAMILIES, detect_family, get_family, register_family
 
 __all__ = ['BaseBackbone', 'FAMILIES', 'detect_family', 'get_family', 'check_int_list']
 
-#: family name -> backbone class, in registration order. Filled by :meth:`BaseBackbone.__init_subclass__`.
-FAMILIES: dict[str, type['BaseBackbone']] = {}
 
-
-def get_family(name: str) -> type['BaseBackbone']:
-    """The backbone class of family ``name``; ValueError listing the known families otherwise."""
-    if name not in FAMILIES:
-        raise ValueError(f'unknown backbone family {name!r}; known: {sorted(FAMILIES)}')
-    return FAMILIES[name]
-
-
-def detect_family(state_dict: dict[str, torch.Tensor]) -> type['BaseBackbone']:
-    """The one family whose :meth:`BaseBackbone.detect` accepts ``state_dict``.
-
-    Raises:
-        CheckpointError: no family or more than one family recognises the keys.
-    """
-    hits = [cls for cls in FAMILIES.values() if cls.detect(state_dict)]
-    if len(hits) == 1:
-        return hits[0]
-    keys = list(state_dict)[:5]
-    if not hits:
-        raise CheckpointError(f'no known backbone family ({", ".join(FAMILIES)}) recognises this checkpoint '
-                              f'(first keys: {keys}); pass the family explicitly')
-    raise CheckpointError(f'the checkpoint matches several families ({", ".join(c.family for c in hits)}); '
-                          'pass the family explicitly')
-
-
-def check_int_list(value, name: str, n: int, minimum: int = 1, owner: str = 'mmplugin') -> list[int]:
-    """``value`` as a list of ``n`` ints >= ``minimum`` (an int is repeated); ValueError / TypeError naming ``name``."""
-    vals = [value] * n if isinstance(value, int) and not isinstance(value, bool) else value
-    if not isinstance(vals, (list, tuple)) or len(vals) != n:
-        raise ValueError(f'{owner}: {name} must be an int or a list of {n} ints (one per stage), got {value!r}')
-    if any(isinstance(v, bool) or not isinstance(v, int) for v in vals):
-        raise TypeError(f'{owner}: {name} must hold ints, got {value!r}')
-    if any(v < minimum for v in vals):
-        raise ValueError(f'{owner}: {name} must be >= {minimum}, got {value!r}')
-    return list(vals)
-
-
-class BaseBackbone(BaseModule):
+class BaseBackbone(PretrainedMixin, BaseModule):
     """Base class of the plugin's dense-prediction backbones (see the module docstring for what a family adds).
 
     Args:
@@ -110,11 +71,7 @@ class BaseBackbone(BaseModule):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        name = cls.__dict__.get('family')
-        if name:
-            if name in FAMILIES and FAMILIES[name].__qualname__ != cls.__qualname__:
-                raise ValueError(f'backbone family {name!r} is already declared by {FAMILIES[name].__name__}')
-            FAMILIES[name] = cls
+        register_family(cls)
 
     def __init__(self, in_channels: int = 3, out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1,
                  norm_eval: bool = False, with_cp: bool = False, drop_path_rate: float = 0.0, init_cfg=None,
@@ -164,24 +121,6 @@ class BaseBackbone(BaseModule):
         if default is not None and isinstance(default.default, str):
             return str(default.default)
         return cls.arch_names()[0]
-
-    @classmethod
-    def convert(cls, state_dict: dict[str, torch.Tensor], out_indices: Sequence[int] = (0, 1, 2, 3),
-                **options) -> tuple[dict[str, torch.Tensor], list[str]]:
-        """Pure conversion of any supported layout to this family's (``tools/convert_checkpoint.py``)."""
-        return cls.converter(state_dict, out_indices=tuple(out_indices), **options)
-
-    @classmethod
-    def converter_options(cls) -> list[str]:
-        """Keyword options of :attr:`converter` besides the state dict and ``out_indices``."""
-        params = list(inspect.signature(cls.converter).parameters.values())[1:]
-        return [p.name for p in params if p.name != 'out_indices' and p.kind is not p.VAR_KEYWORD]
-
-    @classmethod
-    def benchmark_peers(cls, arch: str, model: 'BaseBackbone') -> dict[str, nn.Module]:
-        """Implementations a user would otherwise pick, with ``model``'s weights where possible, for
-        ``tools/benchmark.py``. The first entry is the baseline of the printed ratios. None by default."""
-        return {}
 
     def layer_depth(self, name: str) -> int:
         """Depth index of parameter ``name`` (relative to the backbone) for layer-wise lr decay: 0 for the stem,
@@ -348,61 +287,6 @@ class BaseBackbone(BaseModule):
                     m.eval()
         return self
 
-    # ------------------------------------------------------------------ pretrained weights
+    # ------------------------------------------------------------------ initialisation
     def _default_init(self) -> None:
         """Random initialisation used when no checkpoint is given (and before one is loaded)."""
-
-    def init_weights(self) -> None:
-        cfg = self.init_cfg if isinstance(self.init_cfg, dict) else None
-        if cfg is None or cfg.get('type') != 'Pretrained':
-            self._default_init()
-            super().init_weights()
-            return
-        ckpt_path = cfg.get('checkpoint')
-        if not ckpt_path:
-            raise CheckpointError("init_cfg type 'Pretrained' needs checkpoint=PATH")
-        plan, dropped = self.plan_pretrained(ckpt_path, prefix=cfg.get('prefix'))  # raises before any change
-        self._default_init()  # for the keys the checkpoint does not have (output norms)
-        self.load_state_dict(plan.state_dict, strict=False)
-        name = type(self).__name__
-        print_log(f'{name}: loaded {len(plan.state_dict)} tensors from {ckpt_path}', logger='current')
-        print_log(f'{name}: missing keys (newly initialised): {", ".join(plan.missing) or "none"}', logger='current')
-        print_log(f'{name}: unexpected keys (ignored): {", ".join(dropped) or "none"}', logger='current')
-        self._is_init = True
-
-    def plan_pretrained(self, path, prefix: str | None = None):
-        """Read, unwrap, convert and check a checkpoint without touching the model; raises CheckpointError."""
-        try:
-            ckpt = load_checkpoint_file(path, map_location='cpu')
-        except FileNotFoundError as err:
-            if '://' in str(path):  # a URL: the download error says what the server answered
-                raise CheckpointError(f'pretrained checkpoint {path!r} could not be fetched: {err}. Check the URL, '
-                                      'or download the file and point init_cfg.checkpoint at it') from None
-            raise CheckpointError(
-                f'pretrained checkpoint not found: {path!r}. Download the official weights (see README, "Official '
-                'weights") to that path, point init_cfg.checkpoint elsewhere, or train from scratch with '
-                '--cfg-options model.backbone.init_cfg=None') from None
-        try:
-            sd = unwrap_state_dict(ckpt, prefix=prefix)
-            converted, dropped = self.convert_state_dict(sd)
-            plan = plan_load(self.state_dict(), converted, optional_missing=self.optional_missing_prefixes(converted),
-                             arch_hint=self.arch_description())
-        except CheckpointError as err:
-            raise CheckpointError(f'cannot load {path!r} into {self.public_name()}: {err}') from None
-        return plan, dropped
-
-    def convert_state_dict(self, sd: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], list[str]]:
-        """Convert any supported layout to this model's; returns ``(state_dict, dropped_keys)``."""
-        return self.convert(sd, out_indices=self.out_indices, **self.converter_kwargs())
-
-    def converter_kwargs(self) -> dict:
-        """Options of :attr:`converter` that depend on this model's settings (beyond ``out_indices``)."""
-        return {}
-
-    def optional_missing_prefixes(self, state_dict: dict[str, torch.Tensor] | None = None) -> tuple[str, ...]:
-        """Key prefixes a checkpoint may lack (they keep their fresh initialisation): the output norms. Families
-        may add more, depending on the converted ``state_dict`` about to be loaded."""
-        return tuple(f'norm{i}.' for i in range(self.num_stages))
-
-    def arch_description(self) -> str:
-        return ''

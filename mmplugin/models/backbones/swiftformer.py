@@ -19,71 +19,19 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
-from mmcv.cnn import build_norm_layer
 from mmengine.model.weight_init import trunc_normal_
 from torch import nn
 
 from ...converters.swiftformer import convert_swiftformer
 from ...registry import MODELS
-from ..layers import (DropPath, can_fuse_onednn, conv_act, conv_add, conv_bn, folded_bn_conv1x1, fuse_bn_conv1x1,
-                      fuse_conv_bn, linear_drop_path_rates, onednn_fusion_disabled, scale_output_,
-                      uses_running_stats)
-from .base import BaseBackbone, check_int_list
+from ..layers import (DropPath, can_fuse_onednn, conv_bn, fuse_conv_bn, linear_drop_path_rates, onednn_fusion_disabled,
+                      scale_output_, uses_running_stats)
+from ..layers.conv_blocks import ConvEncoder, ConvMlp, ConvNormAct, LocalRepresentation, norm_layer
+from .arguments import check_int_list
+from .base import BaseBackbone
 
-
-def _bn(norm_cfg: dict, c: int) -> nn.Module:
-    return build_norm_layer(norm_cfg, c)[1]
-
-
-def _scaled_weights(conv: nn.Conv2d, scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Weight and bias of ``scale * conv(.)`` for a per-channel ``scale`` of shape ``(C, 1, 1)`` (or None)."""
-    if scale is None:
-        return conv.weight, conv.bias
-    s = scale.reshape(-1)
-    return conv.weight * s.view(-1, 1, 1, 1), None if conv.bias is None else conv.bias * s
-
-
-def _residual_conv(y: torch.Tensor, conv: nn.Conv2d, scale: torch.Tensor | None, x: torch.Tensor,
-                   drop_path: nn.Module) -> torch.Tensor:
-    """``x + drop_path(scale * conv(y))``; one fused kernel at inference."""
-    w, b = _scaled_weights(conv, scale)
-    if drop_path.training and drop_path.p > 0:
-        return drop_path(F.conv2d(y, w, b)).add_(x)
-    return conv_add(y, conv, x, w, b)
-
-
-class ConvEncoder(nn.Module):
-    """Convolutional encoder: ``x + ls * pw2(GELU(pw1(BN(dw3x3(x)))))``. Shapes ``(B, C, H, W)`` in and out.
-
-    Args:
-        dim (int): channels C.
-        mlp_ratio (float): hidden width factor of the pointwise convs.
-        norm_cfg (dict): norm after the depth-wise conv.
-        drop_path (float): stochastic depth (0 in the official schedule).
-    """
-
-    def __init__(self, dim: int, mlp_ratio: float = 4.0, norm_cfg: dict | None = None, drop_path: float = 0.0):
-        super().__init__()
-        hidden = int(dim * mlp_ratio)
-        self.dwconv = nn.Conv2d(dim, dim, 3, padding=1, groups=dim)
-        self.norm = _bn(norm_cfg or dict(type='BN'), dim)
-        self.pwconv1 = nn.Conv2d(dim, hidden, 1)
-        self.pwconv2 = nn.Conv2d(hidden, dim, 1)
-        self.layer_scale = nn.Parameter(torch.ones(dim, 1, 1))
-        self.drop_path = DropPath(drop_path)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = conv_act(conv_bn(x, self.dwconv, self.norm), self.pwconv1, 'gelu')
-        return _residual_conv(y, self.pwconv2, self.layer_scale, x, self.drop_path)
-
-    @torch.no_grad()
-    def switch_to_deploy(self) -> None:
-        if uses_running_stats(self.norm):
-            self.dwconv = fuse_conv_bn(self.dwconv, self.norm)
-            self.norm = nn.Identity()
-        if self.layer_scale is not None:
-            scale_output_(self.pwconv2, self.layer_scale)
-            self.layer_scale = None
+__all__ = ['SwiftFormer', 'SwiftFormerEncoder', 'SwiftFormerStage', 'EfficientAdditiveAttention', 'ConvEncoder',
+           'LocalRepresentation', 'ConvMlp', 'ConvNormAct']
 
 
 class EfficientAdditiveAttention(nn.Module):
@@ -159,65 +107,11 @@ class SwiftFormerEncoder(nn.Module):
         self.layer_scale_1 = self.layer_scale_2 = None
 
 
-class LocalRepresentation(ConvEncoder):
-    """``x + ls * pw2(GELU(pw1(BN(dw3x3(x)))))`` with a C-wide hidden layer (the encoder's local mixing)."""
-
-    def __init__(self, dim: int, norm_cfg: dict):
-        super().__init__(dim, mlp_ratio=1.0, norm_cfg=norm_cfg)
-
-
-class ConvMlp(nn.Module):
-    """``fc2(GELU(fc1(BN(x))))`` with 1x1 convs; the BatchNorm comes first, as in the official code."""
-
-    def __init__(self, dim: int, hidden: int, norm_cfg: dict):
-        super().__init__()
-        self.norm1 = _bn(norm_cfg, dim)
-        self.fc1 = nn.Conv2d(dim, hidden, 1)
-        self.fc2 = nn.Conv2d(hidden, dim, 1)
-
-    def forward_residual(self, x: torch.Tensor, out_scale: torch.Tensor | None,
-                         drop_path: nn.Module) -> torch.Tensor:
-        """``x + drop_path(out_scale * fc2(GELU(fc1(BN(x)))))``; BN and scale folded at inference."""
-        if uses_running_stats(self.norm1):
-            w1, b1 = folded_bn_conv1x1(self.norm1, self.fc1)
-            h = conv_act(x, self.fc1, 'gelu', w1, b1)
-        else:
-            h = conv_act(self.norm1(x), self.fc1, 'gelu')
-        return _residual_conv(h, self.fc2, out_scale, x, drop_path)
-
-    @torch.no_grad()
-    def switch_to_deploy(self, out_scale: torch.Tensor | None) -> None:
-        if uses_running_stats(self.norm1):
-            self.fc1 = fuse_bn_conv1x1(self.norm1, self.fc1)
-            self.norm1 = nn.Identity()
-        if out_scale is not None:
-            scale_output_(self.fc2, out_scale)
-
-
-class ConvNormAct(nn.Module):
-    """3x3 stride-2 conv, BatchNorm, optional ReLU: the stem halves and the downsamples between stages."""
-
-    def __init__(self, cin: int, cout: int, norm_cfg: dict, act: bool):
-        super().__init__()
-        self.proj = nn.Conv2d(cin, cout, 3, stride=2, padding=1)
-        self.norm = _bn(norm_cfg, cout)
-        self.act = act
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return conv_bn(x, self.proj, self.norm, 'relu' if self.act else None)
-
-    @torch.no_grad()
-    def switch_to_deploy(self) -> None:
-        if uses_running_stats(self.norm):
-            self.proj = fuse_conv_bn(self.proj, self.norm)
-            self.norm = nn.Identity()
-
-
 class SwiftFormerStage(nn.Module):
     """Optional stride-2 downsample, ``depth - 1`` ConvEncoders, one SwiftFormerEncoder."""
 
-    def __init__(self, in_dim: int, dim: int, depth: int, downsample: bool, dprs: Sequence[float], mlp_ratio: float,
-                 norm_cfg: dict, layer_scale_init: float, token_weighting: str):
+    def __init__(self, in_dim: int, dim: int, depth: int, *, downsample: bool, dprs: Sequence[float],
+                 mlp_ratio: float, norm_cfg: dict, layer_scale_init: float, token_weighting: str):
         super().__init__()
         self.downsample = ConvNormAct(in_dim, dim, norm_cfg, act=False) if downsample else None
         blocks: list[nn.Module] = [ConvEncoder(dim, mlp_ratio, norm_cfg) for _ in range(depth - 1)]
@@ -305,16 +199,17 @@ class SwiftFormer(BaseBackbone):
         self._declare_stages(dims, [2**(i + 2) for i in range(self.num_stages)])
 
         self.stem = nn.Sequential(
-            nn.Conv2d(in_channels, dims[0] // 2, 3, stride=2, padding=1), _bn(norm_cfg, dims[0] // 2), nn.ReLU(),
-            nn.Conv2d(dims[0] // 2, dims[0], 3, stride=2, padding=1), _bn(norm_cfg, dims[0]), nn.ReLU())
+            nn.Conv2d(in_channels, dims[0] // 2, 3, stride=2, padding=1), norm_layer(norm_cfg, dims[0] // 2), nn.ReLU(),
+            nn.Conv2d(dims[0] // 2, dims[0], 3, stride=2, padding=1), norm_layer(norm_cfg, dims[0]), nn.ReLU())
         dprs = linear_drop_path_rates(self.drop_path_rate, sum(depths))
         self.stages = nn.ModuleList()
         for i, (depth, dim) in enumerate(zip(depths, dims)):
             start = sum(depths[:i])
             self.stages.append(
-                SwiftFormerStage(dims[i - 1] if i else dim, dim, depth, i > 0, dprs[start:start + depth], mlp_ratio,
-                                 norm_cfg, layer_scale_init, token_weighting))
-        self._add_out_norms(lambda c: _bn(out_norm_cfg, c) if out_norm_cfg else nn.Identity())
+                SwiftFormerStage(dims[i - 1] if i else dim, dim, depth, downsample=i > 0,
+                                 dprs=dprs[start:start + depth], mlp_ratio=mlp_ratio, norm_cfg=norm_cfg,
+                                 layer_scale_init=layer_scale_init, token_weighting=token_weighting))
+        self._add_out_norms(lambda c: norm_layer(out_norm_cfg, c) if out_norm_cfg else nn.Identity())
         self._finish_init()
         if channels_last:
             # conv weights in the layout their gradients come in (channels_last activations give channels_last
@@ -326,19 +221,6 @@ class SwiftFormer(BaseBackbone):
         # The additive attention's w_g exists in every SwiftFormer layout (official, timm, plugin) and in no other
         # family (EfficientFormer shares the official 'network.' / 'patch_embed.' names, ConvNeXt timm's 'stem.').
         return any(k.endswith('attn.w_g') for k in state_dict)
-
-    @classmethod
-    def benchmark_peers(cls, arch: str, model: 'SwiftFormer') -> dict[str, nn.Module]:
-        from mmdet.models.backbones import ResNet
-
-        from ...reference.swiftformer import ReferenceSwiftFormer
-        s = cls.resolve_arch(arch)
-        ref = ReferenceSwiftFormer(s['depths'], s['embed_dims'])
-        model.load_state_dict(convert_swiftformer(ref.state_dict())[0])
-        deploy = cls(arch)
-        deploy.load_state_dict(model.state_dict())
-        deploy.eval().switch_to_deploy()
-        return {'official': ref, 'mmplugin-deploy': deploy, 'mmdet-R50': ResNet(50), 'mmdet-R18': ResNet(18)}
 
     def _default_init(self) -> None:
         # Official classification init: truncated-normal linears, zero biases; convs keep PyTorch's default.

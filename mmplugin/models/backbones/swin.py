@@ -1,7 +1,8 @@
 """Swin Transformer V1 (Liu et al., ICCV 2021) and V2 (Liu et al., CVPR 2022) dense-prediction backbones.
 
-Both versions share one block (pre-norm for V1, res-post-norm for V2), one stage, one patch merging and the
-window machinery in :mod:`mmplugin.models.layers.window_attention`. Feature maps are ``(B, H, W, C)`` inside and
+Both versions share one block (pre-norm for V1, res-post-norm for V2), one stage and one patch merging
+(:mod:`mmplugin.models.layers.swin_blocks`) and the window machinery in :mod:`mmplugin.models.layers.window_attention`;
+the mmdet / mmseg / mmpretrain keywords are read by :mod:`.swin_keywords`. Feature maps are ``(B, H, W, C)`` inside and
 NCHW at the outputs. Parameter names are the official ones (``layers.{i}.blocks.{j}.attn.qkv`` ...), so official
 releases load as they are; other layouts go through :mod:`mmplugin.converters.swin`.
 
@@ -12,6 +13,7 @@ detection code, so a V1 model equals mmdet's ``SwinTransformer`` with the same w
 """
 from __future__ import annotations
 
+import inspect
 import re
 from functools import partial
 from typing import Sequence
@@ -20,134 +22,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...converters.swin import convert_swin, num_swin_stages, plugin_to_mmdet_swin
+from ...converters.swin import convert_swin, num_swin_stages
 from ...registry import MODELS
-from ..layers import DropPath, linear_drop_path_rates, transformer_init_
+from ..layers import linear_drop_path_rates, transformer_init_
 from ..layers.patchify import patch_embed
-from ..layers.window_attention import WindowAttention, WindowAttentionV2, WindowGeometry, must_pad, padded_size
-from .base import BaseBackbone, check_int_list
-from .openmmlab_compat import DEFAULT_ARCH, translate_swin_kwargs
+from ..layers.swin_blocks import Mlp, PatchMerging, SwinBlock, SwinStage
+from ..layers.window_attention import coordinate_window
+from ..layers.windows import must_pad, padded_size
+from .arguments import check_int_list
+from .base import BaseBackbone
+from .swin_keywords import ARCH_NOT_GIVEN, swin_norm_act_problems, translate_swin_kwargs
 
-
-class Mlp(nn.Module):
-    """``drop(fc2(drop(GELU(fc1(x)))))`` on the last dim (dropout as in the official code and mmdet's FFN)."""
-
-    def __init__(self, dim: int, hidden: int, drop: float = 0.0):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.fc2 = nn.Linear(hidden, dim)
-        self.drop = nn.Dropout(drop)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.drop(F.gelu(self.fc1(x)))))
-
-
-class SwinBlock(nn.Module):
-    """One (shifted-)window transformer block on ``(B, H, W, C)`` maps.
-
-    V1 (pre-norm): ``x + attn(norm1(x))``, ``x + mlp(norm2(x))``.
-    V2 (res-post-norm): ``x + norm1(attn(x))``, ``x + norm2(mlp(x))``.
-    """
-
-    def __init__(self, dim: int, num_heads: int, window_size: int, shift: bool, mlp_ratio: float, qkv_bias: bool,
-                 drop_path: float, v2: bool, pretrained_window_size: int = 0, qk_scale: float | None = None,
-                 drop: float = 0.0, attn_drop: float = 0.0):
-        super().__init__()
-        self.v2 = v2
-        self.window_size = window_size
-        self.shift_size = window_size // 2 if shift else 0
-        self.norm1 = nn.LayerNorm(dim)
-        if v2:
-            self.attn = WindowAttentionV2(dim, num_heads, window_size, qkv_bias, pretrained_window_size, attn_drop,
-                                          drop)
-        else:
-            self.attn = WindowAttention(dim, num_heads, window_size, qkv_bias, qk_scale, attn_drop, drop)
-        self.norm2 = nn.LayerNorm(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop)
-        self.drop_path = DropPath(drop_path)
-
-    def forward(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor:
-        if self.v2:
-            x = x + self.drop_path(self.norm1(self.attn(x, geom)))
-            return x + self.drop_path(self.norm2(self.mlp(x)))
-        x = x + self.drop_path(self.attn(self.norm1(x), geom))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
-
-
-class PatchMerging(nn.Module):
-    """2x2 neighbourhood concat in the official channel order ``[(0,0), (1,0), (0,1), (1,1)]`` (row, col), then
-    ``norm(4C) -> reduction`` (V1) or ``reduction -> norm(2C)`` (V2). Odd maps are padded bottom/right."""
-
-    def __init__(self, dim: int, post_norm: bool, norm: bool = True):
-        super().__init__()
-        self.post_norm = post_norm
-        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False)
-        self.norm = nn.LayerNorm(2 * dim if post_norm else 4 * dim) if norm else nn.Identity()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, h, w, c = x.shape
-        if must_pad(h, w, 2):
-            hp, wp = padded_size(h, 2), padded_size(w, 2)
-            x = F.pad(x, (0, 0, 0, wp - w, 0, hp - h))
-            h, w = hp, wp
-        # (B, H/2, row, W/2, col, C) -> (B, H/2, W/2, col, row, C): channel block index = 2*col + row
-        x = x.view(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).reshape(b, h // 2, w // 2, 4 * c)
-        if self.post_norm:
-            return self.norm(self.reduction(x))
-        return self.reduction(self.norm(x))
-
-
-class SwinStage(nn.Module):
-    """``depth`` blocks alternating regular and shifted windows, then an optional PatchMerging.
-
-    The window geometry (padding, gather indices, shift mask) is computed once per stage and forward.
-    """
-
-    def __init__(self, dim: int, depth: int, num_heads: int, window_size: int, mlp_ratio: float, qkv_bias: bool,
-                 dprs: Sequence[float], downsample: bool, v2: bool, pretrained_window_size: int,
-                 pad_small_map: bool = True, merge_norm: bool = True, **block_kwargs):
-        super().__init__()
-        self.window_size, self.pad_small_map = window_size, pad_small_map
-        self.blocks = nn.ModuleList([
-            SwinBlock(dim, num_heads, window_size, j % 2 == 1, mlp_ratio, qkv_bias, dprs[j], v2,
-                      pretrained_window_size, **block_kwargs) for j in range(depth)
-        ])
-        self.downsample = PatchMerging(dim, post_norm=v2, norm=merge_norm) if downsample else None
-
-    def forward(self, x: torch.Tensor, run_block=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: ``(B, H, W, C)``. Returns the stage output and the merged map for the next stage (or None).
-
-        ``run_block(block, x, geometry)`` calls a block (the backbone's, which adds gradient checkpointing).
-        """
-        _, h, w, _ = x.shape
-        ws, shift = self.window_size, self.window_size // 2
-        if not self.pad_small_map and min(h, w) <= ws:
-            # official classification code / timm / mmpretrain: the window shrinks to the map, no shift
-            ws, shift = min(h, w), 0
-        geoms = [WindowGeometry(h, w, ws, 0, x.device)]
-        if len(self.blocks) > 1:
-            geoms.append(WindowGeometry(h, w, ws, shift, x.device) if shift else geoms[0])
-        for j, blk in enumerate(self.blocks):
-            x = run_block(blk, x, geoms[j % 2]) if run_block is not None else blk(x, geoms[j % 2])
-        return x, (self.downsample(x) if self.downsample is not None else None)
-
-
-def swin_norm_act_problems(norm_cfg: dict | None, act_cfg: dict | None) -> tuple[bool, list[str]]:
-    """Check the OpenMMLab ``norm_cfg`` / ``act_cfg`` of a Swin backbone: ``(requires_grad of the norms, problems)``.
-
-    Only what Swin is defined with can be honoured: LayerNorm (eps 1e-5) and GELU.
-    """
-    problems = []
-    norm = dict(norm_cfg or {})
-    requires_grad = norm.pop('requires_grad', True)
-    if norm.pop('type', 'LN') not in ('LN', 'LayerNorm') or norm.pop('eps', 1e-5) != 1e-5 or norm:
-        problems.append(f'norm_cfg={norm_cfg!r}: only LayerNorm, dict(type=\'LN\'[, requires_grad=...])')
-    if not isinstance(requires_grad, bool):
-        problems.append(f'norm_cfg requires_grad={requires_grad!r}: a bool')
-    act = dict(act_cfg or {})
-    if act.pop('type', 'GELU') != 'GELU' or act.pop('approximate', 'none') != 'none' or act:
-        problems.append(f'act_cfg={act_cfg!r}: only dict(type=\'GELU\')')
-    return requires_grad is not False, problems
+__all__ = ['SwinTransformer', 'SwinTransformerV2', 'Mlp', 'PatchMerging', 'SwinBlock', 'SwinStage',
+           'swin_norm_act_problems']
 
 
 class _SwinBase(BaseBackbone):
@@ -195,7 +82,7 @@ class _SwinBase(BaseBackbone):
                 raise ValueError(f'{owner}: stage {i} width {dim * 2**i} is not divisible by num_heads {h}')
         windows = check_int_list(window_size, 'window_size', self.num_stages, 1, owner)
         raw_pre_windows = check_int_list(pretrained_window_size, 'pretrained_window_size', self.num_stages, 0, owner)
-        pre_windows = [p or w for p, w in zip(raw_pre_windows, windows)]
+        pre_windows = [coordinate_window(p, w) for p, w in zip(raw_pre_windows, windows)]
         if isinstance(patch_size, bool) or not isinstance(patch_size, int) or patch_size < 1:
             raise ValueError(f'{owner}: patch_size must be a positive int, got {patch_size!r}')
         if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, (int, float)) or mlp_ratio <= 0:
@@ -230,16 +117,22 @@ class _SwinBase(BaseBackbone):
         for i in range(self.num_stages):
             start = sum(depths[:i])
             self.layers.append(
-                SwinStage(dim * 2**i, depths[i], heads[i], windows[i], mlp_ratio, qkv_bias,
-                          dprs[start:start + depths[i]], i < self.num_stages - 1, self.v2, raw_pre_windows[i],
-                          self.pad_small_map, patch_norm, qk_scale=qk_scale, drop=drop_rate,
-                          attn_drop=attn_drop_rate))
+                SwinStage(dim * 2**i, depths[i], heads[i], windows[i], mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
+                          dprs=dprs[start:start + depths[i]], downsample=i < self.num_stages - 1, v2=self.v2,
+                          pretrained_window_size=raw_pre_windows[i], pad_small_map=self.pad_small_map,
+                          merge_norm=patch_norm, qk_scale=qk_scale, drop=drop_rate, attn_drop=attn_drop_rate))
         self._add_out_norms(nn.LayerNorm)
         self._finish_init()
         if not norm_requires_grad:  # norm_cfg=dict(type='LN', requires_grad=False): every LayerNorm stays fixed
             for m in self.modules():
                 if isinstance(m, nn.LayerNorm):
                     m.requires_grad_(False)
+
+    @classmethod
+    def plugin_arguments(cls) -> list[str]:
+        """The keyword arguments the plugin's Swin takes as they are (those of :class:`_SwinBase`); other
+        libraries' keywords go through :func:`~.swin_keywords.translate_swin_kwargs` first."""
+        return [name for name in inspect.signature(_SwinBase.__init__).parameters if name != 'self']
 
     @classmethod
     def detect(cls, state_dict) -> bool:
@@ -364,7 +257,7 @@ class SwinTransformer(_SwinBase):
     mmdet / mmseg / mmpretrain keywords (``embed_dims``, ``depths``, ``num_heads``, ``strides``,
     ``convert_weights``, ``pretrain_img_size`` / ``img_size``, ``use_abs_pos_embed``, ``out_after_downsample``,
     ``stage_cfgs``, ``patch_cfg``, ``interpolate_mode``) are read with their home library's meaning; see
-    :mod:`mmplugin.models.backbones.openmmlab_compat`.
+    :mod:`mmplugin.models.backbones.swin_keywords`.
 
     Example:
         >>> import torch
@@ -378,22 +271,12 @@ class SwinTransformer(_SwinBase):
     converter = staticmethod(partial(convert_swin, version=1))
     _DETECT = re.compile(r'^(?:layers|stages)\.\d+\.blocks\.\d+\.attn\.(?:w_msa\.)?relative_position_bias_table$')
 
-    @classmethod
-    def benchmark_peers(cls, arch: str, model: 'SwinTransformer') -> dict[str, nn.Module]:
-        from mmdet.models.backbones import SwinTransformer as MMDetSwin
-        theirs = MMDetSwin(embed_dims=model.embed_dims, depths=model.depths, num_heads=model.num_heads,
-                           window_size=model.window_sizes[0], drop_path_rate=0.0)
-        # the same weights; mmdet's derived relative_position_index buffers are its own
-        missing, unexpected = theirs.load_state_dict(plugin_to_mmdet_swin(model.state_dict()), strict=False)
-        assert not unexpected and all(k.endswith('relative_position_index') for k in missing), (missing, unexpected)
-        return {'mmdet-swin': theirs}
-
-    def __init__(self, arch=DEFAULT_ARCH, window_size=7, **kwargs):
+    def __init__(self, arch=ARCH_NOT_GIVEN, window_size=7, **kwargs):
         if 'pretrained_window_size' in kwargs:
             raise TypeError('mmplugin.SwinTransformer: pretrained_window_size is a Swin V2 option; use '
                             'mmplugin.SwinTransformerV2')
         arch, kwargs = translate_swin_kwargs(type(self), arch, kwargs)
-        super().__init__(arch=str(arch) if isinstance(arch, str) else arch, window_size=window_size, **kwargs)
+        super().__init__(arch=arch, window_size=window_size, **kwargs)
 
 
 @MODELS.register_module()
@@ -413,6 +296,6 @@ class SwinTransformerV2(_SwinBase):
     converter = staticmethod(partial(convert_swin, version=2))
     _DETECT = re.compile(r'^(?:layers|stages)\.\d+\.blocks\.\d+\.attn\.(?:w_msa\.)?cpb_mlp\.')
 
-    def __init__(self, arch=DEFAULT_ARCH, window_size=8, **kwargs):
+    def __init__(self, arch=ARCH_NOT_GIVEN, window_size=8, **kwargs):
         arch, kwargs = translate_swin_kwargs(type(self), arch, kwargs)
-        super().__init__(arch=str(arch) if isinstance(arch, str) else arch, window_size=window_size, **kwargs)
+        super().__init__(arch=arch, window_size=window_size, **kwargs)

@@ -3,10 +3,11 @@ from .drop import DropPath, linear_drop_path_rates
 from .fusion import (bn_scale_shift, can_fuse_onednn, conv_act, conv_add, conv_bn, folded_bn_conv1x1, folded_conv_bn,
                      fuse_bn_conv1x1, fuse_conv_bn, onednn_fusion_disabled, scale_output_, uses_running_stats)
 from .init import transformer_init_
-from .window_attention import WindowAttention, WindowAttentionV2, WindowGeometry
+from .window_attention import WindowAttention, WindowAttentionBase, WindowAttentionV2
+from .windows import WindowGeometry
 
 __all__ = [
     'DropPath', 'linear_drop_path_rates', 'bn_scale_shift', 'can_fuse_onednn', 'conv_act', 'conv_add', 'conv_bn',
     'folded_bn_conv1x1', 'folded_conv_bn', 'fuse_bn_conv1x1', 'fuse_conv_bn', 'onednn_fusion_disabled', 'scale_output_', 'uses_running_stats',
-    'transformer_init_', 'WindowAttention', 'WindowAttentionV2', 'WindowGeometry'
+    'transformer_init_', 'WindowAttention', 'WindowAttentionBase', 'WindowAttentionV2', 'WindowGeometry'
 ]

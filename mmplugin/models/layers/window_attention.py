@@ -1,8 +1,9 @@
-"""Shifted-window attention shared by Swin V1 and V2.
+"""Shifted-window attention of Swin V1 and V2: one forward (partition -> attend -> project -> reverse) in
+:class:`WindowAttentionBase`, with V1 (:class:`WindowAttention`) and V2 (:class:`WindowAttentionV2`) as siblings that
+supply the query / key / value projection with its scale, and the relative position bias.
 
-Feature maps are ``(B, H, W, C)`` (channels last) throughout. Windows follow the official detection code: the
-block input is zero-padded at the bottom/right to a multiple of the window, cyclically shifted by
-``-shift``, cut into ``ws x ws`` windows; the inverse undoes the shift and crops the padding.
+Feature maps are ``(B, H, W, C)`` (channels last) throughout; the window geometry (padding, cyclic shift, partition
+and its inverse) is :mod:`.windows`.
 
 Speed, compared with the usual roll -> partition -> attention -> reverse -> roll -> crop chain:
 
@@ -23,102 +24,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MASK_VALUE = -100.0  # the fill value of every Swin implementation; finite, so safe in fp16/bf16
+from .windows import MASK_VALUE, WindowGeometry, is_tracing, must_pad, padded_size, window_index
 
-
-# ---------------------------------------------------------------------------------------------------- geometry
-def is_tracing() -> bool:
-    """True while torch.compile, torch.export or torch.onnx.export capture a graph (sizes may be symbolic)."""
-    return torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
-
-
-def must_pad(h, w, multiple: int) -> bool:
-    """Whether an ``h x w`` map is padded to a multiple of ``multiple`` before use.
-
-    Eager: only when a side is not divisible. While tracing: always (a zero-size pad is free in a graph), so the
-    graph holds no size-dependent branch, exports for every size and compiles once for all sizes.
-    """
-    return is_tracing() or not isinstance(h, int) or not isinstance(w, int) or bool(h % multiple or w % multiple)
-
-
-def padded_size(n, ws: int):
-    """Smallest multiple of ``ws`` that is ``>= n``; plain integer arithmetic, so ``n`` may be a SymInt."""
-    return (n + ws - 1) // ws * ws
-
-
-def window_index(h, w, ws: int, shift: int, device: torch.device):
-    """Gather indices and shift-region labels for an ``h x w`` map padded to ``Hp x Wp`` (``nW`` windows).
-
-    Built from rotated ``arange`` vectors, integer arithmetic and gathers only: no reshape of a permuted tensor,
-    no slicing that may clamp and no remainder by a size. So ``h`` and ``w`` may be symbolic: under
-    torch.compile / export the indices are computed inside the graph from the input's shape without any guard
-    on the size, and every op has a plain ONNX form. Eager calls go through the cached :func:`_window_index`.
-
-    Returns:
-        fwd: ``(Hp*Wp,)`` long; position ``p`` of the windowed sequence reads flat padded position ``fwd[p]``.
-        inv: ``(h*w,)`` long; flat unpadded position ``q`` reads windowed position ``inv[q]``.
-        label: ``(nW, ws*ws)`` int32 shift-region label of every windowed position; None if no shift.
-    """
-    def arange(*args):
-        return torch.arange(*args, device=device)
-
-    hp, wp = padded_size(h, ws), padded_size(w, ws)
-    nw = wp // ws
-    offs = arange(ws)
-    win_r = (arange(hp // ws) * ws)[:, None] + offs  # (nh, ws): rolled row of window row a, offset u
-    win_c = (arange(nw) * ws)[:, None] + offs  # (nw, ws)
-    # the rolled map's row r holds padded row (r + shift) % Hp: a rotated arange
-    rows = torch.cat((arange(shift, hp), arange(shift)))[win_r]
-    cols = torch.cat((arange(shift, wp), arange(shift)))[win_c]
-    fwd = (rows[:, None, :, None] * wp + cols[None, :, None, :]).flatten()  # (nh, nw, ws, ws) window-major
-    # padded row i sits at rolled row (i - shift) % Hp = window row r // ws, offset r % ws (i < h only)
-    r = torch.cat((arange(hp - shift, hp), arange(hp - shift)))[arange(h)]
-    c = torch.cat((arange(wp - shift, wp), arange(wp - shift)))[arange(w)]
-    inv = ((r // ws) * (nw * ws * ws) + (r % ws) * ws)[:, None] + ((c // ws) * (ws * ws) + c % ws)[None, :]
-    label = None
-    if shift > 0:
-        def region(n, win):  # 0 | 1 | 2 along a rolled axis: the official slices (0, -ws), (-ws, -shift), (-shift, n)
-            i32 = dict(dtype=torch.int32, device=device)  # int32: ONNX Add has no uint8 kernel before opset 14
-            return torch.cat((torch.zeros(n - ws, **i32), torch.ones(ws - shift, **i32),
-                              torch.full((shift, ), 2, **i32)))[win]
-        label = (region(hp, win_r)[:, None, :, None] * 3 + region(wp, win_c)[None, :, None, :]).flatten(2)
-        label = label.flatten(0, 1)
-    return fwd, inv.flatten(), label
-
-
-_window_index = lru_cache(maxsize=64)(window_index)  # eager only: keys must be hashable ints
-
-
-class WindowGeometry:
-    """Per-stage description of how an ``(H, W)`` map is windowed; computed once and shared by its blocks.
-
-    Eager: the index tensors come from a cache keyed by the size, so only the ``(nW, N, N)`` shift mask is built
-    per stage and forward. While tracing (``h``, ``w`` may be SymInts), the same indices are computed in the graph
-    and the map is always padded, so exported / compiled models run at any size with eager's exact arithmetic.
-    """
-
-    def __init__(self, h: int, w: int, ws: int, shift: int, device: torch.device):
-        self.h, self.w, self.ws, self.shift = h, w, ws, shift
-        self.hp, self.wp = padded_size(h, ws), padded_size(w, ws)
-        self.num_windows = (self.hp // ws) * (self.wp // ws)
-        self.traced = is_tracing() or not isinstance(h, int) or not isinstance(w, int)
-        index = window_index if self.traced else _window_index
-        self.fwd, self.inv, label = index(h, w, ws, shift, device)
-        # (nW, N, N): 0 within a shift region, MASK_VALUE across
-        self.mask = None if label is None else (label[:, :, None] != label[:, None, :]).float() * MASK_VALUE
-
-    def partition(self, x: torch.Tensor) -> torch.Tensor:
-        """``(B, H, W, C)`` -> ``(B * nW, ws*ws, C)``: pad bottom/right, cyclic shift, cut windows."""
-        b, h, w, c = x.shape
-        if self.traced or (self.hp, self.wp) != (h, w):
-            x = F.pad(x, (0, 0, 0, self.wp - w, 0, self.hp - h))
-        x = x.reshape(b, self.hp * self.wp, c).index_select(1, self.fwd)
-        return x.view(b * self.num_windows, self.ws * self.ws, c)
-
-    def reverse(self, win: torch.Tensor, b: int) -> torch.Tensor:
-        """``(B * nW, ws*ws, C)`` -> ``(B, H, W, C)``: merge windows, undo the shift, crop the padding."""
-        c = win.shape[-1]
-        return win.reshape(b, self.hp * self.wp, c).index_select(1, self.inv).view(b, self.h, self.w, c)
+__all__ = [
+    'WindowAttentionBase', 'WindowAttention', 'WindowAttentionV2', 'WindowGeometry', 'coordinate_window',
+    'log_spaced_coords', 'relative_position_index', 'MASK_VALUE', 'is_tracing', 'must_pad', 'padded_size',
+    'window_index'
+]
 
 
 def relative_position_index(ws: int, device: torch.device, table_ws: int | None = None) -> torch.Tensor:
@@ -184,7 +96,53 @@ def _attend(q, k, v, bias: torch.Tensor, b: int, scale: float | None, per_window
     return out.reshape(bw, n, heads * d)
 
 
-class WindowAttention(nn.Module):
+def coordinate_window(pretrained_window_size: int, window_size: int) -> int:
+    """The window that normalises Swin V2's position coordinates: ``pretrained_window_size``, where 0 means the
+    window in use (``window_size``: the configured one, or the smaller window of a small map)."""
+    return pretrained_window_size or window_size
+
+
+class WindowAttentionBase(nn.Module):
+    """Multi-head attention within the windows of a ``(B, H, W, C)`` map, written once for Swin V1 and V2.
+
+    ``forward``: partition into windows -> :meth:`queries_keys_values` -> SDPA with :meth:`position_bias` (plus the
+    shift mask) -> ``proj`` -> ``proj_drop`` -> reverse. A subclass creates ``proj`` (``nn.Linear(C, C)``) and its
+    own parameters, and supplies the two hooks.
+
+    Args:
+        num_heads (int): heads. window_size (int): ws, the configured window.
+        attn_drop (float): dropout on the attention probabilities. proj_drop (float): dropout after ``proj``.
+    """
+
+    def __init__(self, num_heads: int, window_size: int, attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__()
+        self.num_heads, self.window_size = num_heads, window_size
+        self.attn_drop = attn_drop
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def queries_keys_values(self, win: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]:
+        """``(B*nW, N, C)`` windows -> ``q, k, v`` of shape ``(B*nW, heads, N, d)`` and the scale of ``q k^T``
+        (None: SDPA's ``d ** -0.5``)."""
+        raise NotImplementedError
+
+    def position_bias(self, ws: int | None = None) -> torch.Tensor:
+        """``(heads, N, N)`` position bias of a ``ws`` window (default: the configured one), ``N = ws * ws``."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor:
+        """x: ``(B, H, W, C)`` block input (already normalised for V1) -> ``(B, H, W, C)``."""
+        b = x.shape[0]
+        win = geom.partition(x)
+        q, k, v, scale = self.queries_keys_values(win)
+        bias = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
+        if geom.mask is not None:
+            bias = bias + geom.mask.unsqueeze(1)  # (nW, heads, N, N)
+        out = self.proj(_attend(q, k, v, bias, b, scale, geom.mask is not None,
+                                self.attn_drop if self.training else 0.0))
+        return geom.reverse(self.proj_drop(out), b)
+
+
+class WindowAttention(WindowAttentionBase):
     """Swin V1 window attention: ``softmax(q k^T / sqrt(d) + B_rel + mask) v`` per window.
 
     Args:
@@ -199,38 +157,25 @@ class WindowAttention(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True,
                  qk_scale: float | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0):
-        super().__init__()
-        self.num_heads, self.window_size = num_heads, window_size
+        super().__init__(num_heads, window_size, attn_drop=attn_drop, proj_drop=proj_drop)
         self.scale = qk_scale or (dim // num_heads)**-0.5
-        self.attn_drop = attn_drop
         self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window_size - 1)**2, num_heads))
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
-        self.proj_drop = nn.Dropout(proj_drop)
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
+    def queries_keys_values(self, win: torch.Tensor):
+        q, k, v = _split_heads(self.qkv(win), self.num_heads)
+        return q, k, v, self.scale
+
     def position_bias(self, ws: int | None = None) -> torch.Tensor:
-        """``(heads, N, N)`` relative position bias of a ``ws`` window (default: the configured one)."""
+        """Gathered from the learnt table; a window smaller than the configured one reads the table's centre."""
         ws = ws or self.window_size
         idx = relative_position_index(ws, self.relative_position_bias_table.device, self.window_size)
         return self.relative_position_bias_table[idx.view(-1)].view(ws * ws, ws * ws, -1).permute(2, 0, 1)
 
-    def forward(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor:
-        """x: ``(B, H, W, C)`` block input (already normalised for V1) -> ``(B, H, W, C)``."""
-        b = x.shape[0]
-        win = geom.partition(x)
-        q, k, v = _split_heads(self.qkv(win), self.num_heads)
-        bias = self._bias(geom)
-        out = self.proj(_attend(q, k, v, bias, b, self.scale, geom.mask is not None,
-                                self.attn_drop if self.training else 0.0))
-        return geom.reverse(self.proj_drop(out), b)
 
-    def _bias(self, geom: WindowGeometry) -> torch.Tensor:
-        bias = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
-        return bias if geom.mask is None else bias + geom.mask.unsqueeze(1)
-
-
-class WindowAttentionV2(WindowAttention):
+class WindowAttentionV2(WindowAttentionBase):
     """Swin V2 window attention: scaled cosine attention with log-spaced continuous position bias.
 
     ``attn = cos(q, k) * exp(min(logit_scale, log 100)) + 16 * sigmoid(cpb_mlp(coords))[index] + mask``.
@@ -238,18 +183,15 @@ class WindowAttentionV2(WindowAttention):
 
     Args:
         pretrained_window_size (int): window the weights were trained with; coordinates are normalised by it.
-            0 means the window actually used (``window_size``, or the smaller window of a small map).
+            0 means the window actually used (``window_size``, or the smaller window of a small map; see
+            :func:`coordinate_window`).
         attn_drop (float): dropout on the attention probabilities. proj_drop (float): dropout after ``proj``.
     """
 
     def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True,
                  pretrained_window_size: int = 0, attn_drop: float = 0.0, proj_drop: float = 0.0):
-        nn.Module.__init__(self)
-        self.num_heads, self.window_size = num_heads, window_size
-        self.attn_drop = attn_drop
-        self.proj_drop = nn.Dropout(proj_drop)
-        self.pretrained_window_size_arg = pretrained_window_size
-        self.pretrained_window_size = pretrained_window_size or window_size
+        super().__init__(num_heads, window_size, attn_drop=attn_drop, proj_drop=proj_drop)
+        self.pretrained_window_size = pretrained_window_size
         self.logit_scale = nn.Parameter(torch.log(10 * torch.ones(num_heads, 1, 1)))
         self.cpb_mlp = nn.Sequential(nn.Linear(2, 512, bias=True), nn.ReLU(inplace=True),
                                      nn.Linear(512, num_heads, bias=False))
@@ -260,29 +202,29 @@ class WindowAttentionV2(WindowAttention):
         else:
             self.q_bias = self.v_bias = None
         self.proj = nn.Linear(dim, dim)
-        self.register_buffer('relative_coords_table',
-                             log_spaced_coords(window_size, self.pretrained_window_size), persistent=False)
+        self.register_buffer('relative_coords_table', self._coords(window_size), persistent=False)
 
-    def position_bias(self, ws: int | None = None) -> torch.Tensor:
-        ws = ws or self.window_size
-        if ws == self.window_size:
-            coords = self.relative_coords_table
-        else:  # a smaller window on a small map (pad_small_map=False), as the official code builds it
-            coords = log_spaced_coords(ws, self.pretrained_window_size_arg or ws).to(self.relative_coords_table)
-        table = self.cpb_mlp(coords).view(-1, self.num_heads)
-        idx = relative_position_index(ws, table.device)
-        return 16 * torch.sigmoid(table[idx.view(-1)].view(ws * ws, ws * ws, -1).permute(2, 0, 1))
+    def _coords(self, ws: int) -> torch.Tensor:
+        return log_spaced_coords(ws, coordinate_window(self.pretrained_window_size, ws))
 
-    def forward(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor:
-        b = x.shape[0]
-        win = geom.partition(x)
+    def queries_keys_values(self, win: torch.Tensor):
+        """Cosine attention: unit-norm q (times the clamped per-head logit scale) and k; SDPA then runs with
+        ``scale=1``."""
         bias = None
         if self.q_bias is not None:
             bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias), self.v_bias))
         q, k, v = _split_heads(F.linear(win, self.qkv.weight, bias), self.num_heads)
         scale = torch.exp(torch.clamp(self.logit_scale, max=math.log(100.0)))  # (heads, 1, 1), fp32-safe
-        q = F.normalize(q, dim=-1) * scale.to(q.dtype)
-        k = F.normalize(k, dim=-1)
-        out = self.proj(_attend(q, k, v, self._bias(geom), b, 1.0, geom.mask is not None,
-                                self.attn_drop if self.training else 0.0))
-        return geom.reverse(self.proj_drop(out), b)
+        return F.normalize(q, dim=-1) * scale.to(q.dtype), F.normalize(k, dim=-1), v, 1.0
+
+    def position_bias(self, ws: int | None = None) -> torch.Tensor:
+        """From the CPB MLP; a smaller window on a small map (``pad_small_map=False``) gets its own coordinates,
+        as the official code builds them."""
+        ws = ws or self.window_size
+        if ws == self.window_size:
+            coords = self.relative_coords_table
+        else:
+            coords = self._coords(ws).to(self.relative_coords_table)
+        table = self.cpb_mlp(coords).view(-1, self.num_heads)
+        idx = relative_position_index(ws, table.device)
+        return 16 * torch.sigmoid(table[idx.view(-1)].view(ws * ws, ws * ws, -1).permute(2, 0, 1))

@@ -1,0 +1,112 @@
+"""Window geometry of Swin's shifted-window attention: padding sizes, window partition and its inverse.
+
+Feature maps are ``(B, H, W, C)`` (channels last). Windows follow the official detection code: the block input is
+zero-padded at the bottom/right to a multiple of the window, cyclically shifted by ``-shift``, cut into
+``ws x ws`` windows; the inverse undoes the shift and crops the padding. The cyclic shift and the partition are one
+``index_select`` with a cached permutation, and the reverse + un-shift + crop is another, so each direction
+copies the map once. The shift mask is built once per stage and forward from cached per-position region labels.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ['MASK_VALUE', 'WindowGeometry', 'is_tracing', 'must_pad', 'padded_size', 'window_index']
+
+MASK_VALUE = -100.0  # the fill value of every Swin implementation; finite, so safe in fp16/bf16
+
+
+def is_tracing() -> bool:
+    """True while torch.compile, torch.export or torch.onnx.export capture a graph (sizes may be symbolic)."""
+    return torch.compiler.is_compiling() or torch.onnx.is_in_onnx_export() or torch.jit.is_tracing()
+
+
+def must_pad(h, w, multiple: int) -> bool:
+    """Whether an ``h x w`` map is padded to a multiple of ``multiple`` before use.
+
+    Eager: only when a side is not divisible. While tracing: always (a zero-size pad is free in a graph), so the
+    graph holds no size-dependent branch, exports for every size and compiles once for all sizes.
+    """
+    return is_tracing() or not isinstance(h, int) or not isinstance(w, int) or bool(h % multiple or w % multiple)
+
+
+def padded_size(n, ws: int):
+    """Smallest multiple of ``ws`` that is ``>= n``; plain integer arithmetic, so ``n`` may be a SymInt."""
+    return (n + ws - 1) // ws * ws
+
+
+def window_index(h, w, ws: int, shift: int, device: torch.device):
+    """Gather indices and shift-region labels for an ``h x w`` map padded to ``Hp x Wp`` (``nW`` windows).
+
+    Built from rotated ``arange`` vectors, integer arithmetic and gathers only: no reshape of a permuted tensor,
+    no slicing that may clamp and no remainder by a size. So ``h`` and ``w`` may be symbolic: under
+    torch.compile / export the indices are computed inside the graph from the input's shape without any guard
+    on the size, and every op has a plain ONNX form. Eager calls go through the cached :func:`_window_index`.
+
+    Returns:
+        fwd: ``(Hp*Wp,)`` long; position ``p`` of the windowed sequence reads flat padded position ``fwd[p]``.
+        inv: ``(h*w,)`` long; flat unpadded position ``q`` reads windowed position ``inv[q]``.
+        label: ``(nW, ws*ws)`` int32 shift-region label of every windowed position; None if no shift.
+    """
+    def arange(*args):
+        return torch.arange(*args, device=device)
+
+    hp, wp = padded_size(h, ws), padded_size(w, ws)
+    nw = wp // ws
+    offs = arange(ws)
+    win_r = (arange(hp // ws) * ws)[:, None] + offs  # (nh, ws): rolled row of window row a, offset u
+    win_c = (arange(nw) * ws)[:, None] + offs  # (nw, ws)
+    # the rolled map's row r holds padded row (r + shift) % Hp: a rotated arange
+    rows = torch.cat((arange(shift, hp), arange(shift)))[win_r]
+    cols = torch.cat((arange(shift, wp), arange(shift)))[win_c]
+    fwd = (rows[:, None, :, None] * wp + cols[None, :, None, :]).flatten()  # (nh, nw, ws, ws) window-major
+    # padded row i sits at rolled row (i - shift) % Hp = window row r // ws, offset r % ws (i < h only)
+    r = torch.cat((arange(hp - shift, hp), arange(hp - shift)))[arange(h)]
+    c = torch.cat((arange(wp - shift, wp), arange(wp - shift)))[arange(w)]
+    inv = ((r // ws) * (nw * ws * ws) + (r % ws) * ws)[:, None] + ((c // ws) * (ws * ws) + c % ws)[None, :]
+    label = None
+    if shift > 0:
+        def region(n, win):  # 0 | 1 | 2 along a rolled axis: the official slices (0, -ws), (-ws, -shift), (-shift, n)
+            i32 = dict(dtype=torch.int32, device=device)  # int32: ONNX Add has no uint8 kernel before opset 14
+            return torch.cat((torch.zeros(n - ws, **i32), torch.ones(ws - shift, **i32),
+                              torch.full((shift, ), 2, **i32)))[win]
+        label = (region(hp, win_r)[:, None, :, None] * 3 + region(wp, win_c)[None, :, None, :]).flatten(2)
+        label = label.flatten(0, 1)
+    return fwd, inv.flatten(), label
+
+
+_window_index = lru_cache(maxsize=64)(window_index)  # eager only: keys must be hashable ints
+
+
+class WindowGeometry:
+    """Per-stage description of how an ``(H, W)`` map is windowed; computed once and shared by its blocks.
+
+    Eager: the index tensors come from a cache keyed by the size, so only the ``(nW, N, N)`` shift mask is built
+    per stage and forward. While tracing (``h``, ``w`` may be SymInts), the same indices are computed in the graph
+    and the map is always padded, so exported / compiled models run at any size with eager's exact arithmetic.
+    """
+
+    def __init__(self, h: int, w: int, ws: int, shift: int, device: torch.device):
+        self.h, self.w, self.ws, self.shift = h, w, ws, shift
+        self.hp, self.wp = padded_size(h, ws), padded_size(w, ws)
+        self.num_windows = (self.hp // ws) * (self.wp // ws)
+        self.traced = is_tracing() or not isinstance(h, int) or not isinstance(w, int)
+        index = window_index if self.traced else _window_index
+        self.fwd, self.inv, label = index(h, w, ws, shift, device)
+        # (nW, N, N): 0 within a shift region, MASK_VALUE across
+        self.mask = None if label is None else (label[:, :, None] != label[:, None, :]).float() * MASK_VALUE
+
+    def partition(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, H, W, C)`` -> ``(B * nW, ws*ws, C)``: pad bottom/right, cyclic shift, cut windows."""
+        b, h, w, c = x.shape
+        if self.traced or (self.hp, self.wp) != (h, w):
+            x = F.pad(x, (0, 0, 0, self.wp - w, 0, self.hp - h))
+        x = x.reshape(b, self.hp * self.wp, c).index_select(1, self.fwd)
+        return x.view(b * self.num_windows, self.ws * self.ws, c)
+
+    def reverse(self, win: torch.Tensor, b: int) -> torch.Tensor:
+        """``(B * nW, ws*ws, C)`` -> ``(B, H, W, C)``: merge windows, undo the shift, crop the padding."""
+        c = win.shape[-1]
+        return win.reshape(b, self.hp * self.wp, c).index_select(1, self.inv).view(b, self.h, self.w, c)
