@@ -349,10 +349,10 @@ def _tiny_two_stage(config: str, seed: int = 0) -> torch.nn.Module:
     pytest.param('swin_t_cascade_maskrcnn_3x.py', marks=pytest.mark.slow),  # class-specific cascade regression
 ])
 def test_mmdeploy_end2end_parity(config, tmp_path):
-    """mmdeploy (onnxruntime, dynamic sizes, mmplugin.mmdeploy_compat) against mmdet's predict: same detections
+    """mmdeploy (onnxruntime, dynamic sizes, mmplugin.deploy.mmdeploy) against mmdet's predict: same detections
     (boxes within 1e-3 relative, same labels) and masks (IoU > 0.99) at sizes other than the export size."""
     pytest.importorskip('mmdeploy')
-    from mmplugin.mmdeploy_compat import end2end_parity, export_end2end
+    from mmplugin.deploy.mmdeploy import end2end_parity, export_end2end
     model = _tiny_two_stage(config)
     path = export_end2end(model, osp.join(ROOT, 'configs/deploy/maskrcnn_onnxruntime_dynamic.py'),
                           torch.randn(1, 3, 96, 128), str(tmp_path / 'end2end.onnx'))
