@@ -16,7 +16,8 @@ from __future__ import annotations
 from ..inference.fast import (FAST_MODES, compile_backbone_and_neck, compile_module, enable_fast_inference,
                               native_dtypes, native_low_precision)
 from ..utils.numerics import max_rel_error
-from .exportable import PARTS, ExportPart, adaptive_pool_matrix, flatten_outputs, make_exportable
+from .exportable import (PARTS, ExportPart, _IntScaleUpsample, _MatrixAdaptiveAvgPool2d, adaptive_pool_matrix,  # noqa: F401
+                         flatten_outputs, make_exportable)
 from .onnx import DEFAULT_OPSET, example_input, export_onnx, onnx_parity, onnx_session
 
 __all__ = [
