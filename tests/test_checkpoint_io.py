@@ -180,7 +180,7 @@ def test_tools_report_bad_checkpoint_without_traceback(tmp_path, tiny_demo, tool
 @pytest.mark.slow
 def test_tools_load_strictly(tmp_path, tiny_demo):
     """A checkpoint tools/train.py wrote passes the strict check; a backbone-only one is refused by test.py and
-    infer.py (it used to be evaluated as a random detector behind a warning) unless --allow-partial."""
+    infer.py (mmengine would evaluate it as a random detector behind a warning) unless --allow-partial."""
     work = tmp_path / 'train'
     out = _run('tools/train.py', DEMO_SEG, '--work-dir', str(work), *_seg_opts(tiny_demo), 'train_cfg.max_iters=1',
                'train_cfg.val_interval=100', 'default_hooks.checkpoint.interval=1', 'train_dataloader.batch_size=2',
@@ -280,3 +280,24 @@ def test_structural_diagnosis():
     assert key_mismatch_is_structural([], ['stages.2.blocks.0.w'], ckpt, ckpt + ['stages.2.blocks.0.w'])
     assert not key_mismatch_is_structural(['norm.w'], [], model, model[:-1])  # no numbered container
     assert not key_mismatch_is_structural(['stages.0.blocks.0.b'], [], model + ['stages.0.blocks.0.b'], model)
+
+
+def test_fit_rule_shared_by_backbone_loading():
+    """``require_fit`` (behind every backbone load, ``plan_load``): BatchNorm counters and the optional prefixes
+    may be absent; a file without any of the module's weights is called another family even when the module has
+    BatchNorm counters; ``module.`` prefixes (also nested) are stripped once, in one place."""
+    from mmplugin.checkpoint import require_fit, state_dict_mismatch, strip_module_prefix
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))
+    model.add_module('norm3', nn.LayerNorm(4))
+    own = model.state_dict()
+    body = {k: v for k, v in own.items() if not k.startswith('norm3.') and not k.endswith('num_batches_tracked')}
+    require_fit(own, body, optional_prefixes=('norm3.', ))  # fits: returns None
+    assert state_dict_mismatch(body, own, optional_prefixes=('norm3.', )) == ([], [], [])
+    assert state_dict_mismatch(body, own)[0] == ['norm3.weight', 'norm3.bias']
+    with pytest.raises(CheckpointError, match="none of the model's weights are in the checkpoint"):
+        require_fit(own, {'head.fc.weight': torch.zeros(2)}, optional_prefixes=('norm3.', ))
+    with pytest.raises(CheckpointError, match=r"shape mismatch for '0.weight': checkpoint \(4, 3\) vs model "
+                                              r"\(4, 3, 1, 1\)"):
+        require_fit(own, dict(body, **{'0.weight': torch.zeros(4, 3)}))
+    nested = {'module.module.0.weight': 1, 'module.1.bias': 2, 3: 3, 'x.module.y': 4}
+    assert strip_module_prefix(nested) == {'0.weight': 1, '1.bias': 2, '3': 3, 'x.module.y': 4}

@@ -230,7 +230,7 @@ def _tiny_two_stage(config: str, seed: int = 0) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize('config', [
-    'swin_t_maskrcnn_1x.py',  # Swin V1: explicit SDPA scale (mmdeploy's rewriter got it wrong)
+    'swin_t_maskrcnn_1x.py',  # Swin V1: explicit SDPA scale (mmdeploy's own rewriter divides by it)
     pytest.param('swiftformer_xs_maskrcnn.py', marks=pytest.mark.slow),
     pytest.param('swin_t_cascade_maskrcnn_3x.py', marks=pytest.mark.slow),  # class-specific cascade regression
 ])
