@@ -70,7 +70,7 @@ def test_fast_inference_backbone_neck_low_precision_heads_fp32(monkeypatch):
         ref = model.extract_feat(x)
     seen = []
     model.backbone.register_forward_hook(lambda m, i, o: seen.extend(t.dtype for t in o))
-    monkeypatch.setattr(deploy, 'native_dtypes', lambda device='cpu': set())
+    monkeypatch.setattr(fast, 'native_dtypes', lambda device='cpu': set())
     with pytest.warns(UserWarning, match='emulated'):
         assert fast.enable_fast_inference(model, 'bf16') is torch.bfloat16
     with torch.no_grad():
@@ -89,11 +89,11 @@ def test_fast_inference_backbone_neck_low_precision_heads_fp32(monkeypatch):
 def test_fast_inference_auto_follows_the_hardware(monkeypatch):
     model = _tiny_detector()
     plain = model.extract_feat
-    monkeypatch.setattr(deploy, 'native_low_precision', lambda device='cpu': None)
+    monkeypatch.setattr(fast, 'native_low_precision', lambda device='cpu': None)
     with pytest.warns(UserWarning, match='running fp32'):
         assert fast.enable_fast_inference(model, 'auto') is None
     assert model.extract_feat == plain  # untouched: fp32 as before
-    monkeypatch.setattr(deploy, 'native_low_precision', lambda device='cpu': torch.bfloat16)
+    monkeypatch.setattr(fast, 'native_low_precision', lambda device='cpu': torch.bfloat16)
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter('error')  # native: no warning
