@@ -1,7 +1,6 @@
 """Shared fixtures and helpers for the test suite."""
 from __future__ import annotations
 
-import math
 import os
 import re
 from pathlib import Path
@@ -10,6 +9,10 @@ import pytest
 import torch
 
 import mmplugin  # noqa: F401  (registers models, installs safe loading)
+from mmplugin.testing.numeric import (BF16_VS_FP32, FP32_PARITY, FP64_PARITY, PARITY_DEPTH, PARITY_TERMS,  # noqa: F401
+                                      U_BF16, U_FP32, U_FP64, outputs_in_float64, probabilistic_bound, randomize_,
+                                      worst_case_bound)
+from mmplugin.utils.numerics import rel_error as rel_err  # noqa: F401  (max|a - b| / max|b| in float64)
 
 DATA = Path(__file__).parent / 'data'
 
@@ -43,72 +46,24 @@ def random_state_dict(shapes: dict[str, tuple[int, ...]], seed: int = 0) -> dict
     return sd
 
 
-def randomize_(module: torch.nn.Module, seed: int = 0, scale: float = 0.3) -> torch.nn.Module:
-    """Fill every parameter and float buffer with random values so equality tests cannot pass by accident."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in list(module.named_parameters()) + list(module.named_buffers()):
-            if not p.is_floating_point() or 'relative_coords_table' in name:
-                continue
-            if name.endswith('running_var'):
-                p.copy_(torch.rand(p.shape, generator=g) + 0.5)
-            elif name.endswith('weight') and p.ndim == 1:  # norm gains around 1
-                p.copy_(1 + torch.randn(p.shape, generator=g) * scale)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * scale)
-    return module
+# Tiny archs of the three families: every capture, compile and export stays short; the window machinery, padding
+# and shift masks are the same code as at full size.
+TINY_SWIN_ARCH = dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8])
+TINY_SWIFTFORMER_ARCH = dict(depths=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48])
 
 
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """max |a - b| / max |b|, computed in float64 (so the metric adds no rounding of its own)."""
-    a, b = a.double(), b.double()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-300)).item()
-
-
-# ------------------------------------------------------------------------------------------------ numeric bounds
-# Every tolerance in the suite comes from the precision and the size of the computation, never from the rounding
-# one CPU happens to produce (kernels are chosen by instruction set at run time: AVX2, AVX-512, AVX512-BF16 and
-# AMX machines round differently). Two implementations of the same function differ only by rounding; with unit
-# roundoff u, a network of `depth` chained layers whose outputs are inner products of at most `terms` terms:
-#   * worst case (Higham, Accuracy and Stability of Numerical Algorithms, 2nd ed., eq. 3.5: |error| of a length-K
-#     sum <= K u sum|terms|), summed over the chain: terms * depth * u, times a gain of 4 for the normalisations
-#     (LayerNorm / BatchNorm divide by a standard deviation of order 1 with these random weights) and softmax;
-#   * probabilistic (Higham & Mary 2019, "A new approach to probabilistic rounding error analysis": the error grows
-#     like sqrt(K) u with high probability), independent layers adding in quadrature: 4 * u * sqrt(terms * depth).
-# The test models are small: at most 4096-term inner products (Swin-T's 3072-wide MLP projection, 3x3x256
-# convolutions) and at most 50 chained layers (12 blocks x 4 products + stem + output norm).
-U_FP64, U_FP32, U_BF16 = 2.0**-53, 2.0**-24, 2.0**-8
-PARITY_TERMS, PARITY_DEPTH = 4096, 50
-
-
-def worst_case_bound(unit: float, terms: int = PARITY_TERMS, depth: int = PARITY_DEPTH) -> float:
-    return 4 * unit * terms * depth
-
-
-def probabilistic_bound(unit: float, terms: int = PARITY_TERMS, depth: int = PARITY_DEPTH) -> float:
-    return 4 * unit * math.sqrt(terms * depth)
-
-
-# Two float64 computations of the same function: the worst case, 9.1e-11. Implementation differences (a wrong
-# epsilon, a transposed weight, a missing bias) are >= 1e-8 relative, so float64 comparisons catch them all.
-FP64_PARITY = worst_case_bound(U_FP64)
-# Two float32 computations (eager vs eager with other kernels or fused ops, eager vs onnxruntime): the
-# probabilistic estimate, 1.1e-4 (the worst case, 4.9e-2, would prove nothing). Used where float64 cannot run
-# (onnxruntime, fused fp32 kernels, whole mmdet models); kernel-independent parity goes through FP64_PARITY.
-FP32_PARITY = probabilistic_bound(U_FP32)
-# bf16 autocast against fp32: each layer rounds its two operands to bf16 (u = 2^-8) and accumulates in fp32, so
-# the error does not grow with the number of terms (it is ~u relative per operand) but adds over the layers in
-# quadrature: 2 * u * sqrt(depth) = 5.5e-2.
-BF16_VS_FP32 = 2 * U_BF16 * math.sqrt(PARITY_DEPTH)
-
-
-def outputs_in_float64(model: torch.nn.Module, *inputs: torch.Tensor) -> list[torch.Tensor]:
-    """``model(*inputs)`` computed on a float64 copy (the model itself is left as it is)."""
-    import copy
-    m = copy.deepcopy(model).double()
-    with torch.no_grad():
-        out = m(*(x.double() for x in inputs))
-    return list(out) if isinstance(out, (tuple, list)) else [out]
+def tiny_backbone(family: str) -> torch.nn.Module:
+    """A tiny ``'swin' | 'swinv2' | 'swiftformer'`` backbone in eval mode with random weights everywhere (norms and
+    biases too, so parity cannot pass by accident)."""
+    from mmplugin.models import SwiftFormer, SwinTransformer, SwinTransformerV2
+    torch.manual_seed(0)
+    if family == 'swin':
+        m = SwinTransformer(TINY_SWIN_ARCH, drop_path_rate=0.)
+    elif family == 'swinv2':
+        m = SwinTransformerV2(TINY_SWIN_ARCH, window_size=8, drop_path_rate=0.)
+    else:
+        m = SwiftFormer(TINY_SWIFTFORMER_ARCH, drop_path_rate=0.)
+    return randomize_(m, seed=1).eval()
 
 
 @pytest.fixture(autouse=True)

@@ -1,12 +1,13 @@
-"""The backbone contract (tests/conformance.py), checked for every registered family and every named arch."""
+"""The backbone contract (mmplugin.testing.conformance), checked for every registered family and every named arch."""
 from __future__ import annotations
 
 import pytest
-from conformance import (check_bad_input, check_bf16, check_declared_shapes, check_empty_batch, check_freezing,
-                         check_grad_strides, check_layer_depths, check_norm_eval, check_state_dict_roundtrip, check_with_cp)
 
 import mmplugin  # noqa: F401
 from mmplugin.models.backbones.base import FAMILIES, detect_family
+from mmplugin.testing.conformance import (check_bad_input, check_bf16, check_declared_shapes, check_empty_batch,
+                                          check_freezing, check_grad_strides, check_layer_depths, check_norm_eval,
+                                          check_state_dict_roundtrip, check_with_cp)
 
 CASES = [(name, arch) for name, cls in FAMILIES.items() for arch in cls.arch_names()]
 IDS = [f'{name}-{arch}' for name, arch in CASES]

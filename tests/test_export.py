@@ -1,4 +1,4 @@
-"""Deployment: dynamic-shape ONNX export with onnxruntime parity, and torch.compile without graph breaks.
+"""Deployment: dynamic-shape ONNX export with onnxruntime parity, and mmdeploy end-to-end export.
 
 Tiny custom archs keep every capture short; the window machinery, padding and shift masks are the same code as
 at full size. Parity is checked at sizes unlike the export size: not divisible by 32 or by the window, maps
@@ -22,13 +22,13 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from mmplugin import deploy  # noqa: E402
-from mmplugin.models import SwiftFormer, SwinTransformer, SwinTransformerV2  # noqa: E402
 from mmplugin.models.layers.window_attention import WindowGeometry  # noqa: E402
 
-from conftest import BF16_VS_FP32, FP32_PARITY, randomize_  # noqa: E402
+from conftest import FP32_PARITY, TINY_SWIN_ARCH, randomize_  # noqa: E402
+from conftest import tiny_backbone as _tiny  # noqa: E402
 
 ROOT = osp.dirname(osp.dirname(osp.abspath(__file__)))
-SWIN_ARCH = dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8])
+SWIN_ARCH = TINY_SWIN_ARCH
 EXAMPLE = (2, 3, 96, 128)  # the capture size; every size below differs from it
 PARITY_SHAPES = [
     (1, 3, 97, 131),  # not divisible by 4, 32 or the window
@@ -39,17 +39,6 @@ PARITY_SHAPES = [
     (2, 3, 33, 300),  # very wide
 ]
 TOL = FP32_PARITY  # onnxruntime fp32 vs eager fp32: the same function, other kernels (conftest)
-
-
-def _tiny(family: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    if family == 'swin':
-        m = SwinTransformer(SWIN_ARCH, drop_path_rate=0.)
-    elif family == 'swinv2':
-        m = SwinTransformerV2(SWIN_ARCH, window_size=8, drop_path_rate=0.)
-    else:
-        m = SwiftFormer(dict(depths=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48]), drop_path_rate=0.)
-    return randomize_(m, seed=1).eval()  # random norms / biases too, so parity cannot pass by accident
 
 
 # ---------------------------------------------------------------------------------------------------- geometry
@@ -206,109 +195,6 @@ def test_export_cli_help():
     assert out.returncode == 0 and '--deploy-cfg' in out.stdout
 
 
-# ---------------------------------------------------------------------------------------------------- compile
-COMPILE_SHAPES = [(2, 3, 96, 128), (1, 3, 97, 260), (3, 3, 33, 45), (1, 3, 230, 61), (3, 3, 61, 300),
-                  (1, 3, 250, 129)]
-
-
-@pytest.mark.parametrize('family', ['swin', 'swinv2', 'swiftformer'])
-def test_compile_fullgraph_dynamic_one_recompile(family):
-    """fullgraph=True (a graph break raises), dynamic=True: at most one recompile over six sizes (batch 1 and 3,
-    non-divisible sizes), outputs equal to eager. Dynamo's capture is what decides graph breaks and recompiles;
-    the 'eager' backend replays the captured graph without code generation, to keep the test short."""
-    from torch._dynamo.testing import CompileCounterWithBackend
-    from torch._dynamo.utils import counters
-    torch._dynamo.reset()
-    counters.clear()
-    model = _tiny(family)
-    cnt = CompileCounterWithBackend('eager')
-    compiled = deploy.compile_module(_tiny(family), backend=cnt)
-    for shape in COMPILE_SHAPES:
-        x = torch.randn(*shape)
-        with torch.no_grad():
-            got, ref = compiled(x), model(x)
-        # eager SwiftFormer runs fused oneDNN kernels, the graph standard convs: equal up to summation order
-        assert deploy.max_rel_error(got, ref) <= TOL, shape
-    assert not counters['graph_break'], dict(counters['graph_break'])
-    assert 1 <= cnt.frame_count <= 2, f'{cnt.frame_count - 1} recompiles'
-    torch._dynamo.reset()
-
-
-# ---------------------------------------------------------------------------------------------------- fast inference
-def _tiny_detector():
-    from mmengine.config import Config
-    from mmengine.registry import init_default_scope
-    from mmdet.registry import MODELS
-    cfg = Config.fromfile(osp.join(ROOT, 'configs/demo/swiftformer_xs_maskrcnn_shapes.py'))
-    init_default_scope('mmdet')
-    cfg.model.backbone.arch = dict(depths=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48])
-    cfg.model.neck.in_channels = [16, 24, 32, 48]
-    torch.manual_seed(0)
-    return randomize_(MODELS.build(cfg.model), seed=4).eval()
-
-
-@pytest.mark.numeric
-def test_fast_inference_backbone_neck_low_precision_heads_fp32(monkeypatch):
-    """bf16 (forced, as on a CPU without native kernels): the backbone computes in bf16, the FPN maps reach the
-    heads as fp32 within bf16's error, the whole Mask R-CNN predicts (mmcv RoIAlign / NMS run fp32)."""
-    from mmdet.structures import DetDataSample
-    model = _tiny_detector()
-    x = torch.randn(2, 3, 96, 128)
-    with torch.no_grad():
-        ref = model.extract_feat(x)
-    seen = []
-    model.backbone.register_forward_hook(lambda m, i, o: seen.extend(t.dtype for t in o))
-    monkeypatch.setattr(deploy, 'native_dtypes', lambda device='cpu': set())
-    with pytest.warns(UserWarning, match='emulated'):
-        assert deploy.enable_fast_inference(model, 'bf16') is torch.bfloat16
-    with torch.no_grad():
-        got = model.extract_feat(x)
-    assert set(seen) == {torch.bfloat16}
-    assert all(g.dtype == torch.float32 for g in got)
-    err = deploy.max_rel_error(got, ref)
-    assert FP32_PARITY < err < BF16_VS_FP32, err  # beyond fp32 rounding (bf16 really ran), within bf16's (conftest)
-    meta = dict(img_shape=(96, 128), ori_shape=(96, 128), scale_factor=(1.0, 1.0), pad_shape=(96, 128),
-                batch_input_shape=(96, 128))
-    with torch.no_grad():
-        out = model.predict(x, [DetDataSample(metainfo=meta), DetDataSample(metainfo=meta)])
-    assert out[0].pred_instances.bboxes.dtype == torch.float32
-
-
-def test_fast_inference_auto_follows_the_hardware(monkeypatch):
-    model = _tiny_detector()
-    plain = model.extract_feat
-    monkeypatch.setattr(deploy, 'native_low_precision', lambda device='cpu': None)
-    with pytest.warns(UserWarning, match='running fp32'):
-        assert deploy.enable_fast_inference(model, 'auto') is None
-    assert model.extract_feat == plain  # untouched: fp32 as before
-    monkeypatch.setattr(deploy, 'native_low_precision', lambda device='cpu': torch.bfloat16)
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter('error')  # native: no warning
-        assert deploy.enable_fast_inference(model, 'auto') is torch.bfloat16
-    assert model.extract_feat != plain
-    with pytest.raises(ValueError, match='must be one of'):
-        deploy.enable_fast_inference(model, 'int8')
-    with pytest.raises(TypeError, match='extract_feat'):
-        deploy.enable_fast_inference(torch.nn.Linear(2, 2), 'bf16')
-
-
-def test_native_low_precision_cpu_flags():
-    """CPU: bf16 only where the processor has bf16 instructions (AVX512-BF16 / AMX); the reference is the kernel's
-    own flag list, not torch."""
-    flags = set()
-    if osp.exists('/proc/cpuinfo'):
-        for line in open('/proc/cpuinfo'):
-            if line.startswith('flags'):
-                flags |= set(line.split(':', 1)[1].split())
-    if not flags:
-        pytest.skip('no /proc/cpuinfo flags on this platform')
-    if flags & {'avx512_bf16', 'amx_bf16'}:
-        assert deploy.native_low_precision('cpu') is torch.bfloat16
-    else:  # AVX2, and AVX512 without BF16: emulated bf16, so --fast auto stays fp32
-        assert deploy.native_low_precision('cpu') is None and deploy.native_dtypes('cpu') == set()
-
-
 # ---------------------------------------------------------------------------------------------------- mmdeploy
 def _tiny_two_stage(config: str, seed: int = 0) -> torch.nn.Module:
     """A config's detector with a tiny backbone and 32-channel heads: default init (sane boxes), classification
@@ -344,15 +230,15 @@ def _tiny_two_stage(config: str, seed: int = 0) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize('config', [
-    'swin_t_maskrcnn_1x.py',  # Swin V1: explicit SDPA scale (mmdeploy's rewriter got it wrong)
+    'swin_t_maskrcnn_1x.py',  # Swin V1: explicit SDPA scale (mmdeploy's own rewriter divides by it)
     pytest.param('swiftformer_xs_maskrcnn.py', marks=pytest.mark.slow),
     pytest.param('swin_t_cascade_maskrcnn_3x.py', marks=pytest.mark.slow),  # class-specific cascade regression
 ])
 def test_mmdeploy_end2end_parity(config, tmp_path):
-    """mmdeploy (onnxruntime, dynamic sizes, mmplugin.mmdeploy_compat) against mmdet's predict: same detections
+    """mmdeploy (onnxruntime, dynamic sizes, mmplugin.deploy.mmdeploy) against mmdet's predict: same detections
     (boxes within 1e-3 relative, same labels) and masks (IoU > 0.99) at sizes other than the export size."""
     pytest.importorskip('mmdeploy')
-    from mmplugin.mmdeploy_compat import end2end_parity, export_end2end
+    from mmplugin.deploy.mmdeploy import end2end_parity, export_end2end
     model = _tiny_two_stage(config)
     path = export_end2end(model, osp.join(ROOT, 'configs/deploy/maskrcnn_onnxruntime_dynamic.py'),
                           torch.randn(1, 3, 96, 128), str(tmp_path / 'end2end.onnx'))

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conformance import (check_bad_input, check_bf16, check_declared_shapes, check_empty_batch, check_freezing,
-                         check_grad_strides, check_layer_depths, check_norm_eval, check_state_dict_roundtrip, check_with_cp)
 from torch import nn
 
 import mmplugin  # noqa: F401
 from mmplugin.models.backbones.base import FAMILIES, BaseBackbone
+from mmplugin.testing.conformance import (check_bad_input, check_bf16, check_declared_shapes, check_empty_batch,
+                                          check_freezing, check_grad_strides, check_layer_depths, check_norm_eval,
+                                          check_state_dict_roundtrip, check_with_cp)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -7,7 +7,7 @@
 
 mmdeploy is installed by ``tools/setup_env.sh`` as ``pip install --no-deps mmdeploy==1.3.1``: its own pins
 (``protobuf<=3.20.2``, hence ``onnx==1.17``) clash with onnxruntime >= 1.2x, and the export path needs none of its
-other dependencies. The torch >= 2.9 fixes and the mmdet-faithful heads come from :mod:`mmplugin.mmdeploy_compat`.
+other dependencies. The torch >= 2.9 fixes and the mmdet-faithful heads come from :mod:`mmplugin.deploy.mmdeploy`.
 
 The graph's input ``input`` is the image after the model's data preprocessor (normalised, RGB, float32,
 ``(B, 3, H, W)``); outputs ``dets (B, K, 5)``, ``labels (B, K)``, ``masks (B, K, 28, 28)`` (probabilities of each
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     from export import build_model  # tools/export.py
     from mmplugin.checkpoint import CheckpointError
     from mmplugin.deploy import onnx_session
-    from mmplugin.mmdeploy_compat import end2end_parity, export_end2end
+    from mmplugin.deploy.mmdeploy import end2end_parity, export_end2end
 
     cfg = Config.fromfile(args.config)
     if args.cfg_options:

@@ -130,7 +130,7 @@ def main(argv=None) -> int:
         return 0
     else:
         device, steps, names = torch.device('cuda'), args.steps, list(MODELS)
-        from mmplugin.deploy import native_dtypes  # one place decides what the hardware runs natively
+        from mmplugin.inference import native_dtypes  # one place decides what the hardware runs natively
         native = native_dtypes(device)
         precisions = args.precisions or [n for n, d in (('fp16', torch.float16), ('bf16', torch.bfloat16)) if d in native]
         size = tuple(int(v) for v in args.size.lower().split('x'))

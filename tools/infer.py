@@ -107,7 +107,7 @@ def main(argv=None) -> int:
         return 2
     from mmengine.config import Config
 
-    from mmplugin.deploy import compile_backbone_and_neck, enable_fast_inference
+    from mmplugin.inference import compile_backbone_and_neck, enable_fast_inference
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)

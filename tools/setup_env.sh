@@ -134,7 +134,7 @@ if ! PYTHONWARNINGS=ignore "${PIP[@]}" install -q --no-build-isolation -e "$ROOT
   die "installing mmdet / mmsegmentation / mmplugin failed (full log above)"
 fi
 # mmdeploy 1.3.1 without its pins (protobuf<=3.20.2, onnx==1.17 clash with onnxruntime; the export path
-# in mmplugin.mmdeploy_compat needs none of them): tools/export_mmdeploy.py and its parity test
+# in mmplugin.deploy.mmdeploy needs none of them): tools/export_mmdeploy.py and its parity test
 "${PIP[@]}" install -q --no-deps 'mmdeploy==1.3.1' || \
   say "warning: installing mmdeploy 1.3.1 (--no-deps) failed: tools/export_mmdeploy.py and its test are unavailable"
 "$VPY" -c "import mmplugin, mmcv.ops, mmdet, mmseg; print('[setup] ok: mmplugin', mmplugin.__version__, '| mmcv', __import__('mmcv').__version__, '| mmdet', mmdet.__version__, '| mmseg', mmseg.__version__, '| torch', __import__('torch').__version__)"

@@ -123,11 +123,11 @@ def main(argv=None) -> int:
     if args.tta:
         model = model.module  # the detector / segmentor inside the TTA wrapper
     if args.fast:
-        from mmplugin.deploy import enable_fast_inference
+        from mmplugin.inference import enable_fast_inference
         dtype = enable_fast_inference(model, args.fast, next(model.parameters()).device)
         print(f'--fast {args.fast}: backbone + neck in {dtype or "torch.float32"}, heads in torch.float32')
     if args.compile:
-        from mmplugin.deploy import compile_backbone_and_neck
+        from mmplugin.inference import compile_backbone_and_neck
         compile_backbone_and_neck(model)  # in place: the checkpoint's keys still match
     metrics = runner.test()
     print({k: _plain(v) for k, v in (metrics or {}).items()})

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..checkpoint import CheckpointError, format_keys, is_optional_key, key_mismatch_is_structural
+from ..checkpoint.errors import CheckpointError
+from ..checkpoint.fit import require_fit, strip_module_prefix
 
 __all__ = ['unwrap_state_dict', 'strip_prefixes', 'LoadPlan', 'plan_load', 'rename_keys', 'route_output_norms']
 
@@ -41,7 +42,7 @@ def unwrap_state_dict(ckpt: object, prefix: str | None = None) -> dict[str, torc
     tensors = {str(k): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
     if not tensors:
         raise CheckpointError(f'the checkpoint has no tensors (keys: {list(sd)[:8]})')
-    tensors = strip_prefixes(tensors, ('module.', ))
+    tensors = strip_module_prefix(tensors)
     if prefix:
         tensors = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
         if not tensors:
@@ -137,6 +138,8 @@ def plan_load(model_sd: Mapping[str, torch.Tensor], sd: dict[str, torch.Tensor],
               arch_hint: str = '') -> LoadPlan:
     """Compare ``sd`` with the model's own state dict and refuse what cannot load completely.
 
+    The rule is :func:`mmplugin.checkpoint.require_fit`'s (shared with the tools' whole-model check).
+
     Args:
         model_sd: ``model.state_dict()``.
         sd: converted checkpoint.
@@ -147,31 +150,5 @@ def plan_load(model_sd: Mapping[str, torch.Tensor], sd: dict[str, torch.Tensor],
         CheckpointError: a shape differs (naming key and both shapes), or weights of the network body are missing
             or left over, i.e. the checkpoint is for another arch or another model family.
     """
-    hint = f' ({arch_hint})' if arch_hint else ''
-    bad = [(k, tuple(v.shape), tuple(model_sd[k].shape)) for k, v in sd.items()
-           if k in model_sd and v.shape != model_sd[k].shape]
-    if bad:
-        k, got, want = bad[0]
-        more = f' and {len(bad) - 1} more' if len(bad) > 1 else ''
-        raise CheckpointError(f'shape mismatch for {k!r}: checkpoint {got} vs model {want}{more}. The checkpoint is '
-                              f'most likely for another arch or window size{hint}.')
-    missing = [k for k in model_sd if k not in sd]
-    unexpected = [k for k in sd if k not in model_sd]
-    body_missing = [k for k in missing if not k.startswith(tuple(optional_missing)) and not is_optional_key(k)]
-    if len(body_missing) == len([k for k in model_sd if not k.startswith(tuple(optional_missing))]):
-        raise CheckpointError(f'none of the model\'s weights are in the checkpoint{hint}; it is for another model '
-                              f'family or layout (first keys: {list(sd)[:5]})')
-    if body_missing or unexpected:
-        parts = []
-        if body_missing:
-            parts.append(f'missing {len(body_missing)} ({format_keys(body_missing, 12)})')
-        if unexpected:
-            parts.append(f'unexpected {len(unexpected)} ({format_keys(unexpected, 12)})')
-        if key_mismatch_is_structural(body_missing, unexpected, model_sd, sd):
-            raise CheckpointError('the checkpoint does not fit the model: ' + '; '.join(parts) +
-                                  f'. Whole blocks or stages differ: it is for another arch{hint}; nothing was '
-                                  'loaded.')
-        raise CheckpointError('the checkpoint does not fit the model: ' + '; '.join(parts) + '. The blocks and '
-                              'shapes agree, so it is incomplete or from another version of the code, not another '
-                              f'arch{hint}; nothing was loaded.')
-    return LoadPlan({k: v for k, v in sd.items() if k in model_sd}, missing)
+    require_fit(model_sd, sd, optional_prefixes=optional_missing, arch_hint=arch_hint)
+    return LoadPlan({k: v for k, v in sd.items() if k in model_sd}, [k for k in model_sd if k not in sd])

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..checkpoint import CheckpointError, state_dict_mismatch
+from ..checkpoint import CheckpointError, state_dict_mismatch, strip_module_prefix
 
 __all__ = [
     'BackboneConversion', 'ModelConversion', 'convert_model_state_dict', 'strict_model_state_dict', 'plugin_backbones',
@@ -180,7 +180,7 @@ def convert_model_state_dict(model: nn.Module, state_dict: Mapping[str, torch.Te
     """
     while hasattr(model, 'module') and isinstance(model.module, nn.Module):
         model = model.module
-    sd = {re.sub(r'^module\.', '', str(k)): v for k, v in state_dict.items()}
+    sd = strip_module_prefix(state_dict)
     result = ModelConversion(sd)
     for prefix, backbone in plugin_backbones(model):
         sub = {k[len(prefix):]: v for k, v in sd.items() if k.startswith(prefix) and isinstance(v, torch.Tensor)}

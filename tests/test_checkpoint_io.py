@@ -1,47 +1,34 @@
-"""Checkpoint input and output around the backbones: bad checkpoint files, strict tools, resume, saving, setup.
+"""Reading checkpoint files: bad files, the tools on bad files, and whether a checkpoint fits the model.
 
-Every bad input gets a clear answer naming what the file looks like and what to do; nothing is silently wrong
-(a backbone-only checkpoint is not evaluated as a detector); nothing is lost or left behind (umask, stale
-temporary files, skipped checkpoints named).
+Every bad input gets one clear error naming what the file looks like and what to do (empty, text, HTML page, Git
+LFS pointer, truncated zip, forbidden pickled globals, unreadable file), also from tools/test.py, tools/infer.py and
+tools/train.py --resume (rc 2, no traceback). Nothing is silently wrong: the tools load strictly (a backbone-only
+checkpoint is not evaluated as a detector), missing BatchNorm counters load as PyTorch's strict load does, and a
+missing weight inside a block is reported as an incomplete file, not as another arch.
 """
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import io
 import os
 import pickle
 import re
-import signal
-import stat
 import subprocess
 import sys
-import textwrap
-import time
 import zipfile
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
 import torch
-from mmengine.config import Config
 from mmengine.runner.checkpoint import _load_checkpoint, load_checkpoint
 from torch import nn
 
-from mmplugin.checkpoint import (CheckpointError, CheckpointNotFoundError, UnsafeCheckpointError, atomic_write_bytes,
-                                 check_checkpoint_fits, key_mismatch_is_structural, load_checkpoint_file,
-                                 remove_stale_temporary_files)
+from mmplugin.checkpoint import (CheckpointError, CheckpointNotFoundError, UnsafeCheckpointError, check_checkpoint_fits,
+                                 key_mismatch_is_structural, load_checkpoint_file)
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 DEMO_SEG = 'configs/demo/swiftformer_xs_semfpn_shapes.py'
-
-
-def _tool(name: str):
-    spec = importlib.util.spec_from_file_location(name.replace('.py', ''), ROOT / 'tools' / name)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _run(*args, timeout=600, env=None):
@@ -143,7 +130,6 @@ def test_forbidden_globals_named_and_missing_file_is_both_errors(tmp_path):
     assert isinstance(info.value, FileNotFoundError) and isinstance(info.value, CheckpointError)
 
 
-
 def test_unreadable_file_is_a_checkpoint_error(tmp_path, monkeypatch):
     import builtins
 
@@ -194,7 +180,7 @@ def test_tools_report_bad_checkpoint_without_traceback(tmp_path, tiny_demo, tool
 @pytest.mark.slow
 def test_tools_load_strictly(tmp_path, tiny_demo):
     """A checkpoint tools/train.py wrote passes the strict check; a backbone-only one is refused by test.py and
-    infer.py (it used to be evaluated as a random detector behind a warning) unless --allow-partial."""
+    infer.py (mmengine would evaluate it as a random detector behind a warning) unless --allow-partial."""
     work = tmp_path / 'train'
     out = _run('tools/train.py', DEMO_SEG, '--work-dir', str(work), *_seg_opts(tiny_demo), 'train_cfg.max_iters=1',
                'train_cfg.val_interval=100', 'default_hooks.checkpoint.interval=1', 'train_dataloader.batch_size=2',
@@ -296,209 +282,22 @@ def test_structural_diagnosis():
     assert not key_mismatch_is_structural(['stages.0.blocks.0.b'], [], model + ['stages.0.blocks.0.b'], model)
 
 
-# ------------------------------------------------------------------------------------------------ saving and resume
-@pytest.mark.parametrize('mask', [0o022, 0o002, 0o077])
-def test_saved_files_follow_umask(tmp_path, mask):
-    from mmengine.fileio.backends.local_backend import LocalBackend
-    old = os.umask(mask)
-    try:
-        atomic_write_bytes(b'x', tmp_path / 'a.pth')
-        LocalBackend().put(b'y', tmp_path / 'b.pth')
-        with open(tmp_path / 'plain', 'wb'):
-            pass
-    finally:
-        os.umask(old)
-    want = 0o666 & ~mask
-    assert stat.S_IMODE((tmp_path / 'plain').stat().st_mode) == want  # the reference: open()
-    for name in ('a.pth', 'b.pth'):
-        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == want, oct((tmp_path / name).stat().st_mode)
-
-
-_WRITER = textwrap.dedent('''
-    import sys, time
-    from mmplugin.checkpoint import _atomic_file
-    with _atomic_file(sys.argv[1]) as (f, tmp):
-        f.write(b'partial' * 1000)
-        f.flush()
-        print(tmp, flush=True)
-        time.sleep(600)
-''')
-
-
-def test_save_killed_midway_leaves_nothing_after_next_save_or_resume(tmp_path):
-    work = tmp_path / 'work'
-    work.mkdir()
-    proc = subprocess.Popen([PY, '-c', _WRITER, str(work / 'iter_6.pth')], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-    try:
-        tmp = Path(proc.stdout.readline().strip())
-        assert tmp.exists() and tmp.name.startswith('.iter_6.pth.') and tmp.name.endswith('.tmp')
-        assert remove_stale_temporary_files(work, at_resume=True) == [], 'a live write was removed'
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait()
-    assert tmp.exists() and not (work / 'iter_6.pth').exists()  # what a killed save leaves today
-    # the next save: a recent file might be a save just starting, so age it as the next interval would
-    atomic_write_bytes(b'new', work / 'iter_12.pth')
-    assert tmp.exists(), 'removed a temporary file younger than a minute at a save'
-    old = time.time() - 120
-    os.utime(tmp, (old, old))
-    atomic_write_bytes(b'new', work / 'iter_18.pth')
-    assert not tmp.exists()
-    # at resume, no age limit
-    stale = work / '.iter_24.pth.abcd_123.tmp'
-    stale.write_bytes(b'p')
-    other = work / '.keep.txt.tmp'  # not this saver's name pattern
-    other.write_bytes(b'k')
-    assert remove_stale_temporary_files(work, at_resume=True) == [stale.name]
-    assert other.exists() and sorted(p.name for p in work.iterdir()) == ['.keep.txt.tmp', 'iter_12.pth',
-                                                                        'iter_18.pth']
-
-
-def test_resume_names_every_skipped_checkpoint_in_one_line(tmp_path, capsys):
-    from mmplugin.utils import prepare_runner_cfg
-    good = tmp_path / 'iter_10.pth'
-    torch.save({'meta': {'iter': 10}}, good)
-    (tmp_path / 'iter_20.pth').write_bytes(good.read_bytes()[:100])
-    (tmp_path / 'iter_30.pth').write_bytes(b'')
-    (tmp_path / 'iter_40.pth').write_text('<html><title>oops</title></html>')
-    (tmp_path / 'last_checkpoint').write_text(str(tmp_path / 'iter_40.pth'))
-    (tmp_path / '.iter_50.pth.zz99_abc.tmp').write_bytes(b'half')
-    cfg = Config(dict(work_dir=str(tmp_path)))
-    prepare_runner_cfg(cfg, Namespace(config='x.py', resume='auto', work_dir=str(tmp_path)))
-    assert cfg.load_from == str(good) and cfg.resume
-    lines = [ln for ln in capsys.readouterr().out.splitlines() if 'skipped' in ln]
-    assert len(lines) == 1, lines
-    for name, what in (('iter_40.pth', 'HTML page'), ('iter_30.pth', 'empty'), ('iter_20.pth', 'truncated')):
-        assert f'{name} (' in lines[0] and what in lines[0], lines[0]
-    assert lines[0].index('iter_40') < lines[0].index('iter_30') < lines[0].index('iter_20')
-    assert not (tmp_path / '.iter_50.pth.zz99_abc.tmp').exists()
-
-
-# ------------------------------------------------------------------------------------------------ small tools
-def test_get_flops_accepts_a_single_int(capsys, monkeypatch):
-    mod = _tool('get_flops.py')
-    rows = mod.main(['--family', 'swiftformer', '--arch', 'xs', '--sizes', '64', '32x64'])  # one arch: fast
-    assert 'GMACs@64x64' in capsys.readouterr().out
-    assert rows[0][0] == 'swiftformer-xs' and len(rows[0][2]) == 2 and rows[0][2][0] > rows[0][2][1] > 0
-    with pytest.raises(SystemExit) as info:
-        mod.main(['--sizes', '224x'])
-    assert info.value.code == 2 and "--sizes: '224x' is not a size" in capsys.readouterr().err
-    out = _run('tools/get_flops.py', '--sizes', '224x', timeout=120)
-    assert out.returncode == 2 and "--sizes: '224x' is not a size" in out.stderr and 'Traceback' not in out.stderr
-
-
-_BUILD_LINE = ('  - Build settings: BUILD_TYPE=Release, CXX_FLAGS= -D_GLIBCXX_USE_CXX11_ABI=1 -Wall '
-               '-Werror=return-type -Werror=non-virtual-dtor -Wno-error=old-style-cast, TORCH_VERSION=2.13.0')
-
-
-def _stub_demo(tmp_path: Path, train_rc: int) -> Path:
-    """A copy of tools/demo.sh next to stub setup / python commands (no real training)."""
-    root = tmp_path / 'repo'
-    (root / 'tools').mkdir(parents=True)
-    (root / '.venv/bin').mkdir(parents=True)
-    (root / 'tools/demo.sh').write_text((ROOT / 'tools/demo.sh').read_text())
-    (root / 'tools/setup_env.sh').write_text('exit 0\n')
-    stub = root / '.venv/bin/python'
-    stub.write_text(textwrap.dedent(f'''\
-        #!/usr/bin/env bash
-        echo "called $*" >> "{tmp_path}/calls"
-        case "$1" in
-          tools/train.py)
-            echo "{_BUILD_LINE}"
-            echo "Iter(train) [1/2] loss: 1.0"
-            echo "RuntimeError: out of memory" >&2
-            [ {train_rc} -eq 0 ] && mkdir -p "$4" && echo "$4/iter_2.pth" > "$4/last_checkpoint"
-            exit {train_rc} ;;
-          tools/test.py) echo "{_BUILD_LINE}"; echo "bbox_mAP: 0.5"; exit 0 ;;
-        esac
-        exit 0
-    '''))
-    stub.chmod(0o755)
-    return root
-
-
-def test_demo_stops_with_the_failing_steps_exit_code_and_filters_output(tmp_path):
-    root = _stub_demo(tmp_path, train_rc=3)
-    out = subprocess.run(['bash', 'tools/demo.sh'], cwd=root, capture_output=True, text=True, timeout=60,
-                         env={**os.environ, 'DEMO_ITERS': '2'})
-    assert out.returncode == 3, out.stdout + out.stderr
-    assert 'failed with exit code 3' in out.stderr and 'last_checkpoint' not in out.stderr
-    assert 'tools/test.py' not in (tmp_path / 'calls').read_text()  # no stale checkpoint evaluated
-    shown = out.stdout
-    assert 'Iter(train) [1/2]' in shown and 'RuntimeError: out of memory' in shown
-    assert 'Build settings' not in shown, shown
-    (tmp_path / 'calls').unlink()
-    root = _stub_demo(tmp_path / 'ok', train_rc=0)
-    out = subprocess.run(['bash', 'tools/demo.sh'], cwd=root, capture_output=True, text=True, timeout=60,
-                         env={**os.environ, 'DEMO_ITERS': '2', 'DEMO_SKIP_SEG': '1'})
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert 'bbox_mAP: 0.5' in out.stdout and 'Build settings' not in out.stdout
-    assert re.search(r'step 2/4: training .* \(elapsed \d+ s, ETA [0-9:]+, about \d+ s left\)', out.stdout), out.stdout
-    calls = (tmp_path / 'ok/calls').read_text()
-    for sub in ('det-pictures', 'curves', 'summary --det-test'):
-        assert f'tools/demo_report.py {sub}' in calls, calls
-    assert '--time data=' in calls and '--time det_train=' in calls and 'det_result.png' in calls
-
-
-# ------------------------------------------------------------------------------------------------ setup with CUDA
-def _fake_wheel(path: Path, ext_bytes: bytes | None) -> Path:
-    with zipfile.ZipFile(path, 'w') as z:
-        z.writestr('mmcv/__init__.py', '')
-        if ext_bytes is not None:
-            z.writestr('mmcv/_ext.cpython-311-x86_64-linux-gnu.so', ext_bytes)
-    return path
-
-
-def test_setup_plan_decisions():
-    ops = _tool('mmcv_ops.py')
-    cpu = dict(torch_version='2.13.0+cpu', torch_cuda=None, gpu_visible=False, nvcc=None)
-    assert ops.plan(**cpu, force_cuda=False) == ('cpu', [])
-    with pytest.raises(ops.SetupError, match='FORCE_CUDA=1 but torch 2.13.0.cpu is a CPU-only build'):
-        ops.plan(**cpu, force_cuda=True)
-    cu = dict(torch_version='2.5.1+cu121', torch_cuda='12.1')
-    kind, warns = ops.plan(**cu, gpu_visible=False, force_cuda=False, nvcc=None)  # login node
-    assert kind == 'cpu' and 'FORCE_CUDA=1' in warns[0] and 'no GPU is visible' in warns[0]
-    with pytest.raises(ops.SetupError) as info:  # GPU, no compiler: stop before the build
-        ops.plan(**cu, gpu_visible=True, force_cuda=False, nvcc=None)
-    msg = str(info.value)
-    assert 'no CUDA compiler (nvcc)' in msg and 'CUDA_HOME' in msg and 'CUDA_VISIBLE_DEVICES=' in msg
-    assert ops.plan(**cu, gpu_visible=False, force_cuda=True, nvcc='/cuda/bin/nvcc', nvcc_release='12.4') == \
-        ('cuda', [])
-    with pytest.raises(ops.SetupError, match='major versions must match'):
-        ops.plan(**cu, gpu_visible=True, force_cuda=False, nvcc='/cuda/bin/nvcc', nvcc_release='11.8')
-
-
-def test_cpu_only_wheel_not_reused_where_cuda_ops_are_needed(tmp_path):
-    ops = _tool('mmcv_ops.py')
-    cpu_dir, cuda_dir = tmp_path / 'torch-cp311', tmp_path / 'torch-cp311-cudaops'
-    cpu_dir.mkdir()
-    cuda_dir.mkdir()
-    cpu = _fake_wheel(cpu_dir / 'mmcv-2.1.0-cp311-cp311-linux_x86_64.whl', b'\x7fELF libtorch_cpu.so libc10.so')
-    lite = _fake_wheel(tmp_path / 'mmcv-2.1.0-py3-none-any.whl', None)
-    assert ops.wheel_ops(str(cpu)) == 'cpu' and ops.wheel_ops(str(lite)) == 'none'
-    refused = []
-    assert ops.pick_wheel('cuda', [str(cpu_dir)], log=refused.append) is None
-    assert 'CPU-only compiled ops' in refused[0] and 'CUDA ops are needed' in refused[0]
-    assert ops.pick_wheel('cpu', [str(cpu_dir)]) == str(cpu)
-    cuda = _fake_wheel(cuda_dir / 'mmcv-2.1.0-cp311-cp311-linux_x86_64.whl',
-                       b'\x7fELF libc10_cuda.so libcudart.so.12 libtorch_cuda.so')
-    assert ops.wheel_ops(str(cuda)) == 'cuda'
-    assert ops.pick_wheel('cuda', [str(cuda_dir), str(cpu_dir)]) == str(cuda)
-    assert ops.pick_wheel('cpu', [str(cuda_dir)]) == str(cuda)  # CUDA ops include the CPU ones
-
-
-def test_installed_cpu_mmcv_is_classified_and_verified(monkeypatch):
-    """The real extension of this environment's CPU build has none of the CUDA markers; verify() passes on the
-    CPU and, when a GPU is (pretended to be) visible, refuses it for lacking CUDA ops."""
-    import mmcv
-    ops = _tool('mmcv_ops.py')
-    ext = sorted(Path(mmcv.__file__).parent.glob('_ext*.so'))
-    assert ext, 'mmcv without compiled ops'
-    if torch.version.cuda is None:
-        assert not any(m in ext[0].read_bytes() for m in ops._CUDA_MARKERS)
-    assert ops.verify() is None
-    if torch.cuda.is_available():
-        return
-    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
-    problem = ops.verify()
-    assert problem and 'CUDA tensors' in problem and 'without CUDA ops' in problem
+def test_fit_rule_shared_by_backbone_loading():
+    """``require_fit`` (behind every backbone load, ``plan_load``): BatchNorm counters and the optional prefixes
+    may be absent; a file without any of the module's weights is called another family even when the module has
+    BatchNorm counters; ``module.`` prefixes (also nested) are stripped once, in one place."""
+    from mmplugin.checkpoint import require_fit, state_dict_mismatch, strip_module_prefix
+    model = nn.Sequential(nn.Conv2d(3, 4, 1), nn.BatchNorm2d(4))
+    model.add_module('norm3', nn.LayerNorm(4))
+    own = model.state_dict()
+    body = {k: v for k, v in own.items() if not k.startswith('norm3.') and not k.endswith('num_batches_tracked')}
+    require_fit(own, body, optional_prefixes=('norm3.', ))  # fits: returns None
+    assert state_dict_mismatch(body, own, optional_prefixes=('norm3.', )) == ([], [], [])
+    assert state_dict_mismatch(body, own)[0] == ['norm3.weight', 'norm3.bias']
+    with pytest.raises(CheckpointError, match="none of the model's weights are in the checkpoint"):
+        require_fit(own, {'head.fc.weight': torch.zeros(2)}, optional_prefixes=('norm3.', ))
+    with pytest.raises(CheckpointError, match=r"shape mismatch for '0.weight': checkpoint \(4, 3\) vs model "
+                                              r"\(4, 3, 1, 1\)"):
+        require_fit(own, dict(body, **{'0.weight': torch.zeros(4, 3)}))
+    nested = {'module.module.0.weight': 1, 'module.1.bias': 2, 3: 3, 'x.module.y': 4}
+    assert strip_module_prefix(nested) == {'0.weight': 1, '1.bias': 2, '3': 3, 'x.module.y': 4}

@@ -1,8 +1,18 @@
-"""The contract every backbone family must keep, as reusable checks.
+"""The contract every backbone family must keep, as reusable checks (needs pytest).
 
-``tests/test_conformance.py`` runs them over every registered family and arch; ``tests/test_toy_family.py`` runs
-them on a family defined inside the test, which proves a new family needs nothing outside its own file. Each check
-builds its own models, so families can be checked in any order.
+Each ``check_*(cls, arch, ...)`` builds its own models of the :class:`~mmplugin.models.backbones.base.BaseBackbone`
+subclass ``cls`` at ``arch`` and raises ``AssertionError`` naming what broke, so families can be checked in any
+order. The repository's ``tests/test_conformance.py`` runs them over every registered family and arch;
+``tests/test_toy_family.py`` runs them on a family defined inside the test, which shows a new family needs nothing
+outside its own file. A family in another package runs them from its own tests (``docs/extending.md``)::
+
+    from mmplugin.testing.conformance import ALL_CHECKS, check_state_dict_roundtrip, check_with_cp
+
+    @pytest.mark.parametrize('check', ALL_CHECKS)
+    def test_conformance(check):
+        check(MyBackbone, 'tiny')
+
+Tolerances are those of :mod:`mmplugin.testing.numeric`.
 """
 from __future__ import annotations
 
@@ -10,25 +20,27 @@ import math
 
 import torch
 import torch.utils.checkpoint
-from conftest import BF16_VS_FP32, FP32_PARITY, randomize_
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from mmplugin.models.backbones.base import BaseBackbone, detect_family
+from ..models.backbones.base import BaseBackbone, detect_family
+from ..utils.numerics import rel_error
+from .numeric import BF16_VS_FP32, FP32_PARITY, randomize_
+
+__all__ = ['SIZES', 'ALL_CHECKS', 'build', 'check_declared_shapes', 'check_empty_batch', 'check_freezing',
+           'check_norm_eval', 'check_with_cp', 'check_grad_strides', 'check_bf16', 'check_bad_input',
+           'check_state_dict_roundtrip', 'check_layer_depths']
 
 SIZES = [(64, 64), (37, 53)]
 
 
 def _randomize(model: nn.Module, seed: int = 0) -> nn.Module:
-    """Random weights everywhere, so equalities cannot hold by accident (conftest's, at a milder scale)."""
+    """Random weights everywhere, so equalities cannot hold by accident (:func:`randomize_` at a milder scale)."""
     return randomize_(model, seed, scale=0.2)
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12)).item()
-
-
 def build(cls: type[BaseBackbone], arch, **kwargs) -> BaseBackbone:
+    """``cls(arch, **kwargs)`` without stochastic depth unless asked for (so outputs are deterministic)."""
     kwargs.setdefault('drop_path_rate', 0.0)
     return cls(arch, **kwargs)
 
@@ -56,6 +68,7 @@ def check_declared_shapes(cls, arch, model: BaseBackbone | None = None) -> None:
 
 
 def check_empty_batch(cls, arch) -> None:
+    """A batch of 0 images gives empty maps of the declared channels and sizes (mmdet sends such batches)."""
     model = build(cls, arch).eval()
     outs = model(torch.randn(0, model.in_channels, 45, 61))
     assert [tuple(o.shape) for o in outs] == [(0, c, math.ceil(45 / s), math.ceil(61 / s))
@@ -137,13 +150,13 @@ def check_with_cp(cls, arch, monkeypatch) -> None:
     ob = b(x2)
     assert calls, 'with_cp did not checkpoint any block'
     for p, q in zip(oa, ob):
-        assert _rel(q, p) < FP32_PARITY  # the same operations; only their scheduling may differ (conftest)
+        assert rel_error(q, p) < FP32_PARITY  # the same operations; only their scheduling may differ
     sum((o * o).mean() for o in oa).backward()
     sum((o * o).mean() for o in ob).backward()
     for (n, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
         if p.grad is not None:
-            assert _rel(q.grad, p.grad) < FP32_PARITY, n
-    assert _rel(x2.grad, x.grad) < FP32_PARITY
+            assert rel_error(q.grad, p.grad) < FP32_PARITY, n
+    assert rel_error(x2.grad, x.grad) < FP32_PARITY
 
 
 def check_grad_strides(cls, arch) -> None:
@@ -158,7 +171,8 @@ def check_grad_strides(cls, arch) -> None:
 
 
 def check_bf16(cls, arch) -> None:
-    """bf16 autocast: finite forward and backward in training; at inference within conftest.BF16_VS_FP32 of fp32 (default init)."""
+    """bf16 autocast: finite forward and backward in training; at inference within ``BF16_VS_FP32`` of fp32
+    (default init)."""
     model = build(cls, arch).train()
     x = torch.randn(1, model.in_channels, 64, 64)
     with torch.autocast('cpu', dtype=torch.bfloat16):
@@ -174,10 +188,11 @@ def check_bf16(cls, arch) -> None:
             low = model(x)
     for o, r in zip(low, ref):
         assert o.dtype == torch.bfloat16 or o.dtype == torch.float32
-        assert _rel(o, r) < BF16_VS_FP32  # conftest: bf16 operands, fp32 accumulation
+        assert rel_error(o, r) < BF16_VS_FP32  # bf16 operands, fp32 accumulation
 
 
 def check_bad_input(cls, arch) -> None:
+    """Wrong channel count, a missing batch dimension and integer images raise errors that say what was expected."""
     import pytest
     model = build(cls, arch).eval()
     c = model.in_channels
