@@ -7,17 +7,18 @@ temporary files, skipped checkpoints named).
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import io
 import os
 import pickle
 import re
+import runpy
 import signal
 import stat
 import subprocess
 import sys
 import textwrap
 import time
+import types
 import zipfile
 from argparse import Namespace
 from pathlib import Path
@@ -37,11 +38,9 @@ PY = sys.executable
 DEMO_SEG = 'configs/demo/swiftformer_xs_semfpn_shapes.py'
 
 
-def _tool(name: str):
-    spec = importlib.util.spec_from_file_location(name.replace('.py', ''), ROOT / 'tools' / name)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _mmcv_ops():
+    """tools/mmcv_ops.py, which runs before the package is installed, so it is not part of it: its functions."""
+    return types.SimpleNamespace(**runpy.run_path(str(ROOT / 'tools' / 'mmcv_ops.py'), run_name='mmcv_ops'))
 
 
 def _run(*args, timeout=600, env=None):
@@ -376,7 +375,7 @@ def test_resume_names_every_skipped_checkpoint_in_one_line(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------------ small tools
 def test_get_flops_accepts_a_single_int(capsys, monkeypatch):
-    mod = _tool('get_flops.py')
+    from mmplugin.cli import get_flops as mod
     rows = mod.main(['--family', 'swiftformer', '--arch', 'xs', '--sizes', '64', '32x64'])  # one arch: fast
     assert 'GMACs@64x64' in capsys.readouterr().out
     assert rows[0][0] == 'swiftformer-xs' and len(rows[0][2]) == 2 and rows[0][2][0] > rows[0][2][1] > 0
@@ -450,7 +449,7 @@ def _fake_wheel(path: Path, ext_bytes: bytes | None) -> Path:
 
 
 def test_setup_plan_decisions():
-    ops = _tool('mmcv_ops.py')
+    ops = _mmcv_ops()
     cpu = dict(torch_version='2.13.0+cpu', torch_cuda=None, gpu_visible=False, nvcc=None)
     assert ops.plan(**cpu, force_cuda=False) == ('cpu', [])
     with pytest.raises(ops.SetupError, match='FORCE_CUDA=1 but torch 2.13.0.cpu is a CPU-only build'):
@@ -469,7 +468,7 @@ def test_setup_plan_decisions():
 
 
 def test_cpu_only_wheel_not_reused_where_cuda_ops_are_needed(tmp_path):
-    ops = _tool('mmcv_ops.py')
+    ops = _mmcv_ops()
     cpu_dir, cuda_dir = tmp_path / 'torch-cp311', tmp_path / 'torch-cp311-cudaops'
     cpu_dir.mkdir()
     cuda_dir.mkdir()
@@ -491,7 +490,7 @@ def test_installed_cpu_mmcv_is_classified_and_verified(monkeypatch):
     """The real extension of this environment's CPU build has none of the CUDA markers; verify() passes on the
     CPU and, when a GPU is (pretended to be) visible, refuses it for lacking CUDA ops."""
     import mmcv
-    ops = _tool('mmcv_ops.py')
+    ops = _mmcv_ops()
     ext = sorted(Path(mmcv.__file__).parent.glob('_ext*.so'))
     assert ext, 'mmcv without compiled ops'
     if torch.version.cuda is None:

@@ -23,7 +23,7 @@ TRACEBACK_ENV = 'MMPLUGIN_TRACEBACK'
 
 _REGISTRY_MISS = re.compile(r'(\S+) is not in the (?:(\w+)::)?([\w ]+?) registry')
 _UNEXPECTED_KW = re.compile(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'")
-_UNKNOWN_ARG = re.compile(r'- (\w+): unknown argument of (\S+?)(?: |$)', re.M)
+_UNKNOWN_ARG = re.compile(r'- (\w+): unknown argument of ([\w.]+)')
 _UNKNOWN_ARCH = re.compile(r"unknown arch '([^']+)'; valid: \[([^\]]*)\]")
 _CONFIG_SYNTAX = 'There are syntax errors in config'
 
@@ -87,17 +87,15 @@ def _keywords(cls) -> set[str]:
     return names - {'self'}
 
 
-def _keyword_hints(message: str) -> str:
-    """``did you mean`` for every unknown keyword named in ``message`` whose class is registered."""
-    found = [(cls_name, kw) for kw, cls_name in _UNKNOWN_ARG.findall(message)]
-    found += _UNEXPECTED_KW.findall(message)
-    hints = []
-    for cls_name, kw in found:
-        cls = _find_class(cls_name)
-        names = closest(kw, _keywords(cls)) if cls is not None else []
-        if names:
-            hints.append(f'{kw}: did you mean {" or ".join(repr(n) for n in names)}?')
-    return ('; ' + '; '.join(hints)) if hints else ''
+def _keyword_hint(cls_name: str, kw: str) -> str:
+    cls = _find_class(cls_name)
+    return _did_you_mean(closest(kw, _keywords(cls))) if cls is not None else ''
+
+
+def _with_keyword_hints(message: str) -> str:
+    """``message`` with ``did you mean`` after every unknown keyword it names whose class is registered."""
+    message = _UNKNOWN_ARG.sub(lambda m: m.group(0) + _keyword_hint(m.group(2), m.group(1)), message)
+    return _UNEXPECTED_KW.sub(lambda m: m.group(0) + _keyword_hint(m.group(1), m.group(2)), message)
 
 
 def _is_user_error(err: BaseException) -> bool:
@@ -138,7 +136,7 @@ def user_error_message(err: BaseException) -> str | None:
         name, _, location = miss.groups()
         text = text.split('. Please check')[0] + _did_you_mean(closest(name, _registry_names(location)))
     else:
-        text += _keyword_hints(text)
+        text = _with_keyword_hints(text)
         arch = _UNKNOWN_ARCH.search(text)
         if arch:
             text += _did_you_mean(closest(arch.group(1), re.findall(r"'([^']+)'", arch.group(2))))
