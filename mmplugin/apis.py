@@ -1,11 +1,12 @@
 """Build a detector / segmentor from its config and load a checkpoint into it, checked: what the tools share.
 
-:func:`build_model` is the one builder of ``tools/export.py``, ``tools/export_mmdeploy.py``, ``tools/infer.py``'s
-fit check and ``tools/speed_table.py``; :func:`load_config` reads a config the way every tool does. Whether a
-checkpoint fits is decided by :func:`mmplugin.checkpoint.check_checkpoint_fits` (published layouts of the plugin's
-backbones are converted first), on the part of the model that is used: exporting the backbone of a detector needs
-the backbone's weights only, so a backbone-only file (e.g. converted ImageNet weights) is enough there, and refused
-where the neck is exported too.
+:func:`build_model` is the one builder of ``tools/export.py``, ``tools/export_mmdeploy.py``, ``tools/infer.py``'s fit
+check, ``tools/convert_checkpoint.py --config`` and ``tools/speed_table.py``; :func:`checkpoint_fit` is the fit check
+of those and of ``tools/test.py`` (on the runner's model); :func:`load_config` reads a config the way every tool
+does. Whether a checkpoint fits is decided by :func:`mmplugin.checkpoint.check_checkpoint_fits` (published layouts of
+the plugin's backbones are converted first), on the part of the model that is used: exporting the backbone of a
+detector needs the backbone's weights only, so a backbone-only file (e.g. converted ImageNet weights) is enough
+there, and refused where the neck is exported too.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ['PartError', 'PART_CHILDREN', 'load_config', 'build_model', 'load_checkpoint_checked']
+__all__ = ['PartError', 'PART_CHILDREN', 'load_config', 'build_model', 'checkpoint_fit',
+           'load_checkpoint_checked']
 
 # the model's top-level children each part runs; None: the whole model
 PART_CHILDREN: dict[str, tuple[str, ...] | None] = {
@@ -81,10 +83,43 @@ def _part_checkpoint(ckpt: Any, names: Sequence[str]) -> dict[str, torch.Tensor]
     return {f'backbone.{k}': v for k, v in backbone.items()}
 
 
+def _part_and_checkpoint(model: nn.Module, ckpt: Any, part: str | None) -> tuple[nn.Module, Any]:
+    """The module holding the ``part`` in use and the checkpoint restricted to that part (the whole model and the
+    checkpoint as they are for ``part=None``)."""
+    while hasattr(model, 'module') and isinstance(model.module, nn.Module):
+        model = model.module
+    if part is not None and part not in PART_CHILDREN:
+        raise PartError(f'part must be one of {tuple(PART_CHILDREN)}, got {part!r}')
+    names = PART_CHILDREN.get(part) if part is not None else None
+    if names is None:
+        return model, ckpt
+    return _Part(model, names), {'state_dict': _part_checkpoint(ckpt, names)}
+
+
+def checkpoint_fit(model: nn.Module, ckpt: Any, *, part: str | None = None, source: str = 'the checkpoint',
+                   model_name: str = 'the model') -> str | None:
+    """Whether the loaded checkpoint ``ckpt`` fits the ``part`` of ``model`` that is used (nothing is loaded).
+
+    Args:
+        model: the detector / segmentor (wrappers are unwrapped).
+        ckpt: a checkpoint loaded with :func:`mmplugin.checkpoint.load_checkpoint_file`.
+        part: a key of :data:`PART_CHILDREN`; only that part's keys are compared (None: the whole model).
+        source, model_name: how the message names the file and the model (e.g. the config).
+
+    Returns:
+        None when it fits, else the message of :func:`mmplugin.checkpoint.check_checkpoint_fits`.
+    """
+    from .checkpoint import check_checkpoint_fits
+    target, used = _part_and_checkpoint(model, ckpt, part)
+    what = model_name if part in (None, 'model') else f'the {part} of {model_name}'
+    return check_checkpoint_fits(target, used, source=source, model_name=what)
+
+
 def load_checkpoint_checked(model: nn.Module, checkpoint: str | Mapping, *, part: str | None = None,
                             strict: bool = True, source: str | None = None,
                             model_name: str = 'the model') -> str | None:
-    """Load ``checkpoint`` (weights-only) into ``model`` after checking that it fits the ``part`` that is used.
+    """Load ``checkpoint`` (weights-only) into ``model`` after checking that it fits the ``part`` that is used
+    (:func:`checkpoint_fit`); published layouts of the plugin's backbones are converted as they load.
 
     Args:
         model: the detector / segmentor (wrappers are unwrapped).
@@ -96,27 +131,20 @@ def load_checkpoint_checked(model: nn.Module, checkpoint: str | Mapping, *, part
         source, model_name: how messages name the file (default: the path) and the model (e.g. the config).
 
     Returns:
-        None when it fits, else the message of :func:`mmplugin.checkpoint.check_checkpoint_fits` (``strict=False``).
+        None when it fits, else the message of :func:`checkpoint_fit` (``strict=False``).
 
     Raises:
         CheckpointError: the file cannot be read safely, holds no state dict, or does not fit (``strict``).
     """
-    from .checkpoint import CheckpointError, check_checkpoint_fits, load_checkpoint_file
+    from .checkpoint import CheckpointError, load_checkpoint_file
     from .converters.whole_model import convert_model_state_dict
-    while hasattr(model, 'module') and isinstance(model.module, nn.Module):
-        model = model.module
     loaded = isinstance(checkpoint, Mapping)
     ckpt = checkpoint if loaded else load_checkpoint_file(checkpoint)
     source = source or ('the checkpoint' if loaded else str(checkpoint))
-    names = PART_CHILDREN.get(part) if part is not None else None
-    if part is not None and part not in PART_CHILDREN:
-        raise PartError(f'part must be one of {tuple(PART_CHILDREN)}, got {part!r}')
-    target, used = (model, ckpt) if names is None else (_Part(model, names), {'state_dict': _part_checkpoint(ckpt,
-                                                                                                           names)})
-    what = model_name if names is None else f'the {part} of {model_name}'
-    problem = check_checkpoint_fits(target, used, source=source, model_name=what)
+    problem = checkpoint_fit(model, ckpt, part=part, source=source, model_name=model_name)
     if problem and strict:
         raise CheckpointError(problem)
+    target, used = _part_and_checkpoint(model, ckpt, part)
     sd = used.get('state_dict', used) if isinstance(used, Mapping) else None
     if not isinstance(sd, Mapping):
         raise CheckpointError(problem or f'{source} holds no state dict')

@@ -375,7 +375,7 @@ def test_resume_names_every_skipped_checkpoint_in_one_line(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------------ small tools
 def test_get_flops_accepts_a_single_int(capsys, monkeypatch):
-    from mmplugin.cli import get_flops as mod
+    import mmplugin.cli.get_flops as mod
     rows = mod.main(['--family', 'swiftformer', '--arch', 'xs', '--sizes', '64', '32x64'])  # one arch: fast
     assert 'GMACs@64x64' in capsys.readouterr().out
     assert rows[0][0] == 'swiftformer-xs' and len(rows[0][2]) == 2 and rows[0][2][0] > rows[0][2][1] > 0

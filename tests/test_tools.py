@@ -151,13 +151,13 @@ def test_benchmark_runs_and_plots(tmp_path):
 
 def test_benchmark_peers_share_the_weights():
     """A speed ratio is only meaningful between equal computations: the peers compute the same function."""
-    from mmplugin.analysis import benchmark_models
+    from mmplugin import analysis
     x = torch.randn(1, 3, 64, 96)
     with torch.no_grad():
-        swin = benchmark_models('swin', 'tiny', torch.device('cpu'))
+        swin = analysis.benchmark_models('swin', 'tiny', torch.device('cpu'))
         for a, b in zip(swin['mmdet-swin'](x), swin['mmplugin'](x)):
             assert rel_err(a, b) < FP32_PARITY
-        sf = benchmark_models('swiftformer', 'xs', torch.device('cpu'))
+        sf = analysis.benchmark_models('swiftformer', 'xs', torch.device('cpu'))
         ref = sf['official'](x)
         for name in ('mmplugin', 'mmplugin-deploy'):
             for a, b in zip(sf[name](x), ref):

@@ -55,19 +55,12 @@ def convert_for_config(src: str, dst: str, config: str, cfg_options: dict | None
     """Read the whole-model checkpoint ``src`` (weights-only), convert it to the model of ``config`` and write ``dst``
     atomically; raises CheckpointError when it does not fit."""
     import torch
-    from mmengine.config import Config
-    from mmengine.registry import MODELS, init_default_scope
 
+    from ..apis import build_model
     from ..checkpoint import atomic_write_bytes, load_checkpoint_file
     from ..converters.whole_model import strict_model_state_dict
     ckpt = load_checkpoint_file(src)
-    cfg = Config.fromfile(config)
-    if cfg_options:
-        cfg.merge_from_dict(cfg_options)
-    init_default_scope(cfg.get('default_scope', 'mmdet'))
-    cfg.model.get('backbone', {}).pop('init_cfg', None)  # the weights come from SRC
-    cfg.model.pop('pretrained', None)
-    model = MODELS.build(cfg.model)
+    model = build_model(config, cfg_options=cfg_options)  # random weights: they come from SRC
     out, conversion = strict_model_state_dict(model, ckpt, source=src, model_name=config)
     meta = dict(ckpt.get('meta') or {}) if isinstance(ckpt, dict) and isinstance(ckpt.get('meta'), dict) else {}
     meta.update(converted_from=osp.basename(src), config=osp.basename(config),

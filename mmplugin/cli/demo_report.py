@@ -27,10 +27,8 @@ def _meta(cfg):
 
 def _load_cfg(args):
     """The demo config with ``--cfg-options`` applied and no pretrained download; its classes and palette."""
-    from mmengine.config import Config
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
+    from ..apis import load_config
+    cfg = load_config(args.config, args.cfg_options)
     cfg.model.get('backbone', {}).pop('init_cfg', None)
     return (cfg, *_meta(cfg))
 

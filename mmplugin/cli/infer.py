@@ -31,9 +31,8 @@ def _fits(cfg, ckpt, args) -> bool:
     functions load the file (they fail with a bare ``KeyError`` or evaluate random weights behind a warning on a
     checkpoint that does not fit).
     """
-    from ..apis import build_model, load_checkpoint_checked
-    problem = load_checkpoint_checked(build_model(cfg), ckpt, strict=False, source=args.checkpoint,
-                                      model_name=args.config)
+    from ..apis import build_model, checkpoint_fit
+    problem = checkpoint_fit(build_model(cfg), ckpt, source=args.checkpoint, model_name=args.config)
     if problem and not args.allow_partial:
         print(f'error: {problem}\nPass --allow-partial to run anyway.', file=sys.stderr)
         return False

@@ -80,8 +80,8 @@ def main(argv=None) -> int:
     import mmplugin  # noqa: F401
     from mmengine.runner import Runner
 
-    from ..apis import load_config
-    from ..checkpoint import check_checkpoint_fits, is_url, load_checkpoint_file
+    from ..apis import checkpoint_fit, load_config
+    from ..checkpoint import is_url, load_checkpoint_file
     from ..utils import check_datasets, prepare_runner_cfg
     from ..utils.evaluation import add_dump_metric, check_dump_path, is_segmentor_cfg
 
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     runner = Runner.from_cfg(cfg)
     if args.out:
         print(f'--out: dumping raw predictions to {add_dump_metric(runner, args.out, is_segmentor_cfg(cfg))}')
-    problem = check_checkpoint_fits(runner.model, ckpt, source=args.checkpoint, model_name=args.config)
+    problem = checkpoint_fit(runner.model, ckpt, source=args.checkpoint, model_name=args.config)
     del ckpt
     if problem and not args.allow_partial:
         print(f'error: {problem}\nPass --allow-partial to evaluate anyway.', file=sys.stderr)

@@ -2,7 +2,7 @@
 ``error: ...`` line with exit code 2 (an unknown arch, a mistyped backbone keyword or ``mmplugin.`` type with the
 closest valid name, a missing checkpoint); a checkpoint is checked against the part that is used (a backbone-only
 file exports the backbone, not the neck); FLOP counting reports progress per model; the timing tools warn on a
-loaded machine."""
+loaded machine; training-step peak memory comes from a fresh process."""
 from __future__ import annotations
 
 import os
@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import mmplugin.cli.export as export_tool
+import mmplugin.cli.get_flops as get_flops_tool
 from mmplugin.analysis import load_warning
-from mmplugin.cli import export as export_tool
-from mmplugin.cli import get_flops as get_flops_tool
 from mmplugin.utils.cli import TRACEBACK_ENV, closest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -157,8 +157,17 @@ def test_load_warning(monkeypatch):
 
 
 def test_benchmark_warns_on_a_loaded_machine(monkeypatch, capsys):
-    from mmplugin.cli import benchmark
+    import mmplugin.cli.benchmark as benchmark_tool
     monkeypatch.setattr(os, 'getloadavg', lambda: (64.0, 64.0, 64.0))
-    res = benchmark.main(['swinv2', '--arch', 'tiny', '--sizes', '32x32', '--rounds', '1', '--threads', '1'])
+    res = benchmark_tool.main(['swinv2', '--arch', 'tiny', '--sizes', '32x32', '--rounds', '1', '--threads', '1'])
     assert 'warning: the machine is loaded (load average 64.0' in capsys.readouterr().err
     assert res['sizes']['32x32']['mmplugin'] > 0
+
+
+def test_peak_memory_runs_in_a_fresh_process():
+    """``python -m mmplugin.analysis.memory`` (what ``tools/benchmark.py --memory`` runs per model): a training step
+    of a larger input needs more memory than one of a smaller input."""
+    from mmplugin.analysis import peak_memory
+    small = peak_memory('swinv2', 'tiny', 'mmplugin', (32, 32), False, 'cpu', timeout=600)
+    large = peak_memory('swinv2', 'tiny', 'mmplugin', (256, 256), False, 'cpu', timeout=600)
+    assert 0 < small < large
