@@ -143,7 +143,7 @@ def user_error_message(err: BaseException) -> str | None:
     return text.strip()
 
 
-def tool_main(main: Callable[..., int | None]) -> Callable[..., int]:
+def tool_main(main: Callable[..., object]) -> Callable[..., object]:
     """Wrap a tool's ``main(argv=None)``: user errors print ``error: <message>`` on stderr and return 2.
 
     ``MMPLUGIN_TRACEBACK=1`` in the environment re-raises them instead (with the full traceback).
