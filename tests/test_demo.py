@@ -5,7 +5,7 @@ synthetic data, evaluates it, and runs tools/demo_report.py on the result, in-pr
 """
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os.path as osp
 from pathlib import Path
@@ -24,10 +24,8 @@ CLASSES = ('circle', 'rectangle', 'triangle')
 
 
 def _tool(name):
-    spec = importlib.util.spec_from_file_location(f'_demo_{name}', ROOT / 'tools' / f'{name}.py')
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """The command line of tools/<name>.py (mmplugin.cli.<name>)."""
+    return importlib.import_module(f'mmplugin.cli.{name}')
 
 
 # ------------------------------------------------------------------------------------------------- data generator

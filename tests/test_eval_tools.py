@@ -8,7 +8,7 @@ References: pycocotools (``loadRes``, ``COCOeval``), mmdet's ``DetInferencer`` /
 """
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
 import pickle
@@ -29,10 +29,8 @@ NUM_VAL = 3
 
 
 def _tool(name):
-    spec = importlib.util.spec_from_file_location(f'_eval_{name}', ROOT / 'tools' / f'{name}.py')
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """The command line of tools/<name>.py (mmplugin.cli.<name>)."""
+    return importlib.import_module(f'mmplugin.cli.{name}')
 
 
 def _loader_opts():

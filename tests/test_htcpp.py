@@ -4,7 +4,6 @@ against the Swin paper's Table 2(c) (284M, 160M, within 1%); one CPU training st
 the COCO-stuff hint of the missing-dataset check; whole-model MAC counting of tools/get_flops.py."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -196,19 +195,12 @@ def test_missing_stuffthingmaps_are_named(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------- get_flops
-def _get_flops():
-    spec = importlib.util.spec_from_file_location('get_flops', ROOT / 'tools' / 'get_flops.py')
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_whole_model_macs_count_the_global_attention_layer_and_the_box_heads():
     """The counter's shares equal multiply-adds written out by hand: the global attention layer's, and one more
     proposal's in the three 4conv1fc box heads (the box heads are scaled to --proposals, the mask heads are not)."""
-    get_flops = _get_flops()
+    from mmplugin.analysis import model_complexity
     w, h = 256, 160
-    res = get_flops.model_complexity(str(CONFIGS / 'swin_b_htcpp_6x.py'), (w, h), num_proposals=5, num_mask_rois=5)
+    res = model_complexity(str(CONFIGS / 'swin_b_htcpp_6x.py'), (w, h), num_proposals=5, num_mask_rois=5)
     n, c = (w // 32) * (h // 32), 1024
     linear = n * 12 * c * c  # qkv 3C^2, proj C^2, MLP 8C^2 per token
     attention = 2 * n * n * c  # q k^T and attn v
@@ -216,7 +208,7 @@ def test_whole_model_macs_count_the_global_attention_layer_and_the_box_heads():
     assert linear + attention <= neck <= (linear + attention) * 1.005, (neck, linear + attention)  # + LayerNorms
     assert res['params'] == pytest.approx(160e6, rel=0.01)
     assert res['macs'] == sum(res['modules'].values())
-    more = get_flops.model_complexity(str(CONFIGS / 'swin_b_htcpp_6x.py'), (w, h), num_proposals=10, num_mask_rois=5)
+    more = model_complexity(str(CONFIGS / 'swin_b_htcpp_6x.py'), (w, h), num_proposals=10, num_mask_rois=5)
     assert more['modules']['backbone'] == res['modules']['backbone']
     per_roi = 4 * 9 * 256 * 256 * 7 * 7 + 256 * 7 * 7 * 1024 + 1024 * (81 + 4)  # 4 convs, fc, cls + class-free reg
     extra = more['modules']['roi_head'] - res['modules']['roi_head']

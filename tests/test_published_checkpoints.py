@@ -607,10 +607,7 @@ def _child_config(tmp_path: Path, base: str, det: bool) -> Path:
 
 
 def test_convert_checkpoint_with_config_writes_a_strict_file(tmp_path, capsys):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location('convert_checkpoint', ROOT / 'tools/convert_checkpoint.py')
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    from mmplugin.cli import convert_checkpoint as tool
     pcfg, ccfg = _small_pair(tmp_path)
     theirs = randomize_(_build(ccfg), seed=3)
     src, dst = tmp_path / 'official.pth', tmp_path / 'plugin.pth'
@@ -635,10 +632,7 @@ def test_convert_checkpoint_with_config_writes_a_strict_file(tmp_path, capsys):
 
 def test_infer_tool_loads_published_layouts(tmp_path, capsys):
     """tools/infer.py (mmdet's init_detector and the mmseg path) takes mmdet- and mmseg-zoo files as they are."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location('infer_tool', ROOT / 'tools/infer.py')
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    from mmplugin.cli import infer as tool
     img = _image(tmp_path)
     for base, counterpart, det in (('swin_t_maskrcnn_1x.py', COUNTERPARTS[0][1], True),
                                    ('swin_t_upernet_ade20k.py', COUNTERPARTS[6][1], False)):

@@ -3,7 +3,8 @@ CPU or CUDA ops from torch's build, the visible GPU and nvcc; CPU-only mmcv whee
 needed; the installed mmcv's compiled ops classified from the extension's own bytes and verified."""
 from __future__ import annotations
 
-import importlib.util
+import runpy
+import types
 import zipfile
 from pathlib import Path
 
@@ -13,11 +14,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _tool(name: str):
-    spec = importlib.util.spec_from_file_location(name.replace('.py', ''), ROOT / 'tools' / name)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _mmcv_ops():
+    """tools/mmcv_ops.py's functions (it runs before the package is installed, so it is not part of it)."""
+    return types.SimpleNamespace(**runpy.run_path(str(ROOT / 'tools' / 'mmcv_ops.py'), run_name='mmcv_ops'))
 
 
 def _fake_wheel(path: Path, ext_bytes: bytes | None) -> Path:
@@ -29,7 +28,7 @@ def _fake_wheel(path: Path, ext_bytes: bytes | None) -> Path:
 
 
 def test_setup_plan_decisions():
-    ops = _tool('mmcv_ops.py')
+    ops = _mmcv_ops()
     cpu = dict(torch_version='2.13.0+cpu', torch_cuda=None, gpu_visible=False, nvcc=None)
     assert ops.plan(**cpu, force_cuda=False) == ('cpu', [])
     with pytest.raises(ops.SetupError, match='FORCE_CUDA=1 but torch 2.13.0.cpu is a CPU-only build'):
@@ -48,7 +47,7 @@ def test_setup_plan_decisions():
 
 
 def test_cpu_only_wheel_not_reused_where_cuda_ops_are_needed(tmp_path):
-    ops = _tool('mmcv_ops.py')
+    ops = _mmcv_ops()
     cpu_dir, cuda_dir = tmp_path / 'torch-cp311', tmp_path / 'torch-cp311-cudaops'
     cpu_dir.mkdir()
     cuda_dir.mkdir()
@@ -70,7 +69,7 @@ def test_installed_cpu_mmcv_is_classified_and_verified(monkeypatch):
     """The real extension of this environment's CPU build has none of the CUDA markers; verify() passes on the
     CPU and, when a GPU is (pretended to be) visible, refuses it for lacking CUDA ops."""
     import mmcv
-    ops = _tool('mmcv_ops.py')
+    ops = _mmcv_ops()
     ext = sorted(Path(mmcv.__file__).parent.glob('_ext*.so'))
     assert ext, 'mmcv without compiled ops'
     if torch.version.cuda is None:

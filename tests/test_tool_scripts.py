@@ -3,7 +3,6 @@ one with rc 2 and no traceback; tools/demo.sh stops with the failing step's exit
 checkpoint, and filters build-settings noise from what it shows (stub commands, no real training)."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -17,20 +16,13 @@ ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 
 
-def _tool(name: str):
-    spec = importlib.util.spec_from_file_location(name.replace('.py', ''), ROOT / 'tools' / name)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _run(*args, timeout=600, env=None):
     return subprocess.run([PY, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
 
 
 def test_get_flops_accepts_a_single_int(capsys, monkeypatch):
-    mod = _tool('get_flops.py')
+    import mmplugin.cli.get_flops as mod
     rows = mod.main(['--family', 'swiftformer', '--arch', 'xs', '--sizes', '64', '32x64'])  # one arch: fast
     assert 'GMACs@64x64' in capsys.readouterr().out
     assert rows[0][0] == 'swiftformer-xs' and len(rows[0][2]) == 2 and rows[0][2][0] > rows[0][2][1] > 0

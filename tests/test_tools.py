@@ -81,8 +81,7 @@ def test_help(tool):
 def test_speed_table_rows(capsys):
     """One row per peer and the plugin; rows of implementations computing the same function carry their error
     against the plugin's eager fp32 outputs (the official formulation and the deployed plugin: < conftest.FP32_PARITY)."""
-    sys.path.insert(0, str(Path(ROOT) / 'tools'))
-    import speed_table
+    from mmplugin.cli import speed_table
     rows, whole = speed_table.main(['--size', '64x96', '--rounds', '1', '--runtimes', 'eager', '--models',
                                     'swin:tiny', '--bf16', 'off'])
     by_impl = {r['impl']: r for r in rows}
@@ -152,17 +151,13 @@ def test_benchmark_runs_and_plots(tmp_path):
 
 def test_benchmark_peers_share_the_weights():
     """A speed ratio is only meaningful between equal computations: the peers compute the same function."""
-    sys.path.insert(0, str(ROOT / 'tools'))
-    try:
-        import benchmark
-    finally:
-        sys.path.pop(0)
+    from mmplugin import analysis
     x = torch.randn(1, 3, 64, 96)
     with torch.no_grad():
-        swin = benchmark.build('swin', 'tiny', torch.device('cpu'))
+        swin = analysis.benchmark_models('swin', 'tiny', torch.device('cpu'))
         for a, b in zip(swin['mmdet-swin'](x), swin['mmplugin'](x)):
             assert rel_err(a, b) < FP32_PARITY
-        sf = benchmark.build('swiftformer', 'xs', torch.device('cpu'))
+        sf = analysis.benchmark_models('swiftformer', 'xs', torch.device('cpu'))
         ref = sf['official'](x)
         for name in ('mmplugin', 'mmplugin-deploy'):
             for a, b in zip(sf[name](x), ref):

@@ -2,7 +2,7 @@
 tools/convert_checkpoint.py, tools/get_flops.py and tools/benchmark.py without any change outside this file."""
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import re
 from pathlib import Path
 
@@ -81,10 +81,8 @@ def toy():
 
 
 def _tool(name: str):
-    spec = importlib.util.spec_from_file_location(f'tool_{name}', ROOT / 'tools' / f'{name}.py')
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """The command line of tools/<name>.py (mmplugin.cli.<name>)."""
+    return importlib.import_module(f'mmplugin.cli.{name}')
 
 
 @pytest.mark.parametrize('check', [check_declared_shapes, check_empty_batch, check_freezing, check_bf16,

@@ -1,50 +1,10 @@
 """Per-rank parameter memory of a detector config sharded with FSDP (gloo on CPU, NCCL on GPU), and optionally one
 training step on a synthetic image.
 
-    torchrun --nproc-per-node 2 tools/fsdp_memory.py configs/swin_l_htcpp_nosemantic_6x.py [--step-size 256]
-        [--min-num-params 0] [--cfg-options key=value ...]
-
-Every rank prints one line ``fsdp-memory {json}``. docs/distributed.md has the figures.
+The command line lives in :mod:`mmplugin.cli.fsdp_memory` (``python tools/fsdp_memory.py --help``).
 """
-from __future__ import annotations
-
-import argparse
-import datetime
-import json
-import os.path as osp
-import sys
-
-sys.path.insert(0, osp.join(osp.dirname(osp.abspath(__file__)), '..'))
-
-
-def main(argv=None) -> int:
-    from mmengine.config import Config, DictAction
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('config')
-    p.add_argument('--step-size', type=int, default=None, help='also run one training step on an NxN image')
-    p.add_argument('--min-num-params', type=int, default=0, help='smallest block that becomes an FSDP unit')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction)
-    args = p.parse_args(argv)
-    import torch
-    import torch.distributed as dist
-
-    import mmplugin  # noqa: F401
-    from mmplugin.utils.ddp import DEFAULT_DIST_TIMEOUT_S
-    from mmplugin.utils.fsdp import fsdp_memory_report
-    if not osp.isfile(args.config):
-        print(f'error: config file not found: {args.config}', file=sys.stderr)
-        return 2
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
-    dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo',
-                            timeout=datetime.timedelta(seconds=DEFAULT_DIST_TIMEOUT_S))
-    try:
-        print('fsdp-memory ' + json.dumps(fsdp_memory_report(cfg, args.min_num_params, args.step_size)), flush=True)
-    finally:
-        dist.destroy_process_group()
-    return 0
-
+from mmplugin.cli.fsdp_memory import main
+from mmplugin.utils.cli import run_tool
 
 if __name__ == '__main__':
-    sys.exit(main())
+    run_tool(main)

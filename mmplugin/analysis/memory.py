@@ -1,0 +1,76 @@
+"""Peak memory of one training step (forward + backward, batch 2) of one benchmark model, measured in a fresh
+process so that no other model's allocations count: max RSS growth on CPU, ``max_memory_allocated`` on CUDA.
+
+:func:`peak_memory` runs ``python -m mmplugin.analysis.memory FAMILY ARCH NAME HxW WITH_CP DEVICE`` and reads the
+JSON line it prints.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import torch
+
+__all__ = ['peak_memory', 'measure_peak_memory', 'enable_checkpointing', 'supports_checkpointing']
+
+
+def supports_checkpointing(model: torch.nn.Module) -> bool:
+    """Whether the model has activation checkpointing (the plugin's switch or OpenMMLab's ``with_cp``)."""
+    return hasattr(model, 'set_grad_checkpointing') or hasattr(model, 'with_cp')
+
+
+def enable_checkpointing(model: torch.nn.Module) -> None:
+    """Turn on activation checkpointing: the plugin's ``set_grad_checkpointing``, else every block's ``with_cp``
+    (OpenMMLab backbones read their blocks' flags)."""
+    if hasattr(model, 'set_grad_checkpointing'):
+        model.set_grad_checkpointing(True)
+    elif hasattr(model, 'with_cp'):
+        for m in model.modules():
+            if hasattr(m, 'with_cp'):
+                m.with_cp = True
+
+
+def measure_peak_memory(family: str, arch: str, name: str, size: tuple[int, int], with_cp: bool,
+                        device: str) -> float:
+    """In this process: one training step of benchmark model ``name``; its peak memory in MiB."""
+    import resource
+
+    from .peers import benchmark_models
+    dev = torch.device(device)
+    models = benchmark_models(family, arch, dev)
+    model = models.pop(name)
+    model.train()
+    if with_cp:
+        enable_checkpointing(model)
+    x = torch.randn(2, 3, *size, device=dev)
+    for m in models.values():
+        m.cpu()
+    del models
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if dev.type == 'cuda':
+        torch.cuda.reset_peak_memory_stats()
+    outs = model(x)
+    sum(o.float().mean() for o in outs).backward()
+    if dev.type == 'cuda':
+        return torch.cuda.max_memory_allocated() / 2**20
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+
+
+def peak_memory(family: str, arch: str, name: str, size: tuple[int, int], with_cp: bool,
+                device: torch.device | str, timeout: float = 1800) -> float:
+    """:func:`measure_peak_memory` in a fresh subprocess (MiB)."""
+    cmd = [sys.executable, '-m', 'mmplugin.analysis.memory', family, arch, name, f'{size[0]}x{size[1]}',
+           str(int(bool(with_cp))), str(device)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    return json.loads(out.stdout.strip().splitlines()[-1])['peak_mib']
+
+
+if __name__ == '__main__':
+    _family, _arch, _name, _size, _cp, _device = sys.argv[1:7]
+    import mmplugin  # noqa: F401  (registers the families)
+    from .timing import parse_hw
+    print(json.dumps({'peak_mib': measure_peak_memory(_family, _arch, _name, parse_hw(_size), _cp == '1',
+                                                      _device)}))

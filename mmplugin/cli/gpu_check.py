@@ -1,0 +1,167 @@
+"""One prepared GPU check (a few minutes): SDPA backend of the Swin window attention, Mask R-CNN training steps with
+fp16 AMP and bf16 for the plugin's Swin-T and SwiftFormer-L1 and for mmdet's own Swin-T config, with throughput
+and peak memory side by side.
+
+    python tools/gpu_check.py [--steps 6] [--size 800x1216] [--batch 2] [--json FILE]
+    python tools/gpu_check.py --cpu-smoke      # the same code path on CPU at a tiny size (CI, no GPU)
+
+Without a CUDA device (and without --cpu-smoke) it prints that and exits 0: CI never needs a GPU.
+
+What it reports:
+
+* ``sdpa``: which SDPA kernels accept the Swin call (float mask ``(B*nW, heads, 49, 49)``, head dim 32): flash
+  attention takes no float mask, the memory-efficient kernel does; and the kernel the default dispatch ran
+  (from the profiler).
+* ``train``: per model and precision, finite losses (fp16 with a GradScaler), median step time, images/s and peak
+  ``torch.cuda.max_memory_allocated`` for ``--steps`` forward + backward + AdamW steps on random COCO-like data.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os.path as osp
+import statistics
+import sys
+import time
+
+from ..config_scope import config_root
+from ..utils.cli import run_tool, tool_main
+
+ROOT = str(config_root().parent)  # holds configs/
+
+MODELS = {  # name -> (config, backbone override or None)
+    'mmplugin-swin-t': ('configs/swin_t_maskrcnn_1x.py', None),
+    'mmdet-swin-t': ('configs/swin_t_maskrcnn_1x.py',
+                     dict(_delete_=True, type='mmdet.SwinTransformer', embed_dims=96, depths=[2, 2, 6, 2],
+                          num_heads=[3, 6, 12, 24], window_size=7, mlp_ratio=4, qkv_bias=True, drop_path_rate=0.1,
+                          patch_norm=True, out_indices=(0, 1, 2, 3), with_cp=False, convert_weights=False)),
+    'mmplugin-swiftformer-l1': ('configs/swiftformer_l1_maskrcnn.py', None),
+}
+
+
+def sdpa_report(device) -> dict:
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    dtype = torch.float16 if device.type == 'cuda' else torch.float32
+    q, k, v = (torch.randn(2 * 64, 3, 49, 32, device=device, dtype=dtype) for _ in range(3))
+    mask = torch.randn(2 * 64, 3, 49, 49, device=device, dtype=dtype)
+    out = {}
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                    SDPBackend.MATH):
+        try:
+            with sdpa_kernel([backend]):
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            out[backend.name] = 'accepts the float mask'
+        except RuntimeError as err:
+            out[backend.name] = f'refused: {str(err).splitlines()[0][:120]}'
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
+    with profile(activities=acts) as prof:
+        F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    ran = sorted({e.key for e in prof.key_averages() if 'attention' in e.key.lower() and e.key.startswith('aten::_')})
+    out['default_dispatch'] = ran or ['(not visible in the profile)']
+    return out
+
+
+def build_detector(name: str, device):
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmdet.registry import MODELS as DET_MODELS
+    cfg_path, backbone = MODELS[name]
+    cfg = Config.fromfile(osp.join(ROOT, cfg_path))
+    if backbone is not None:
+        cfg.merge_from_dict(dict(model=dict(backbone=backbone)))
+    cfg.model.backbone.pop('init_cfg', None)
+    init_default_scope('mmdet')
+    return DET_MODELS.build(cfg.model).to(device)
+
+
+def train_steps(name: str, dtype_name: str, size, batch: int, steps: int, device) -> dict:
+    import torch
+    from mmdet.testing import demo_mm_inputs
+    torch.manual_seed(0)
+    model = build_detector(name, device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.05)
+    dtype = {'fp16': torch.float16, 'bf16': torch.bfloat16, 'fp32': None}[dtype_name]
+    scaler = torch.amp.GradScaler(device.type, enabled=dtype_name == 'fp16')
+    packed = demo_mm_inputs(batch_size=batch, image_shapes=[(3, *size)] * batch, num_items=[5] * batch,
+                            num_classes=80, with_mask=True, device=str(device))
+    data = model.data_preprocessor(packed, True)
+    if device.type == 'cuda':
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    times, losses = [], []
+    for _ in range(steps):
+        t = time.perf_counter()
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss_dict = model.loss(data['inputs'], data['data_samples'])
+        loss = sum(v.sum() if isinstance(v, torch.Tensor) else sum(x.sum() for x in v) for v in loss_dict.values())
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        if device.type == 'cuda':
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+        losses.append(float(loss.detach()))
+    step = statistics.median(times[1:] if len(times) > 1 else times)
+    peak = torch.cuda.max_memory_allocated() / 2**20 if device.type == 'cuda' else float('nan')
+    return dict(finite=all(math.isfinite(v) for v in losses), losses=[round(v, 4) for v in losses],
+                step_s=round(step, 4), images_per_s=round(batch / step, 2), peak_mib=round(peak, 1))
+
+
+@tool_main
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--steps', type=int, default=6)
+    p.add_argument('--size', default='800x1216', help='HxW of the training images')
+    p.add_argument('--batch', type=int, default=2)
+    p.add_argument('--json', default=None, help='write the report here as JSON')
+    p.add_argument('--cpu-smoke', action='store_true', help='run on CPU at 64x96, 1 fp32 step of Swin-T (CI)')
+    p.add_argument('--precisions', nargs='+', default=None, choices=['fp16', 'bf16', 'fp32'],
+                   help='default: the reduced precisions the GPU runs natively (fp16; bf16 from sm80)')
+    args = p.parse_args(argv)
+    import torch
+
+    import mmplugin  # noqa: F401
+    if args.cpu_smoke:
+        device, size, steps, precisions, names = torch.device('cpu'), (64, 96), 1, ['fp32'], ['mmplugin-swin-t']
+    elif not torch.cuda.is_available():
+        print('gpu_check: no CUDA device visible; nothing to check (this is not an error).')
+        return 0
+    else:
+        device, steps, names = torch.device('cuda'), args.steps, list(MODELS)
+        from ..deploy import native_dtypes  # one place decides what the hardware runs natively
+        native = native_dtypes(device)
+        precisions = args.precisions or [n for n, d in (('fp16', torch.float16), ('bf16', torch.bfloat16)) if d in native]
+        size = tuple(int(v) for v in args.size.lower().split('x'))
+        print(f'gpu_check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, '
+              f'batch {args.batch} x {size[0]}x{size[1]}, {steps} steps')
+    report = {'device': str(device), 'sdpa': sdpa_report(device), 'train': {}}
+    print('SDPA with the Swin float mask:')
+    for k, v in report['sdpa'].items():
+        print(f'  {k:20s} {v}')
+    ok = True
+    for name in names:
+        for prec in precisions:
+            try:
+                r = train_steps(name, prec, size, args.batch, steps, device)
+            except Exception as err:  # noqa: BLE001  (report every model even if one fails)
+                import traceback
+                where = ' <- '.join(f'{osp.basename(f.filename)}:{f.lineno}' for f in traceback.extract_tb(err.__traceback__)[-3:][::-1])
+                r = dict(finite=False, error=f'{type(err).__name__}: {str(err)[:300]} at {where}')
+            report['train'][f'{name}/{prec}'] = r
+            ok &= r['finite']
+            print(f'  {name:26s} {prec}: ' + ', '.join(f'{k}={v}' for k, v in r.items() if k != 'losses'))
+            if device.type == 'cuda':
+                torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, 'w') as f:
+            json.dump(report, f, indent=2)
+    return 0 if ok else 1
+
+
+if __name__ == '__main__':
+    run_tool(main)

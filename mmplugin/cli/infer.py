@@ -1,0 +1,155 @@
+"""Run a trained detector or segmentor on an image or a folder of images; draw and / or save its predictions.
+
+    python tools/infer.py CONFIG CHECKPOINT IMAGE_OR_FOLDER [--out result.png | DIR] [--pred-out preds.json]
+        [--no-draw] [--score-thr 0.3] [--device cpu] [--cfg-options ...] [--allow-partial]
+        [--compile] [--fast [auto|bf16|fp16]]
+
+CHECKPOINT is a path or an http(s) URL. It must fit the model of CONFIG (see tools/test.py), unless --allow-partial.
+Published whole-model checkpoints (official Swin detection / segmentation repositories, mmdet / mmseg model
+zoos) load as they are: their backbone part is converted on the fly (docs/published_checkpoints.md).
+
+--out: the drawing (mmdet's DetLocalVisualizer or mmseg's SegLocalVisualizer, chosen by the config's default_scope):
+an image file for one image (default result.png), a folder for a folder of images (default infer_vis/).
+--pred-out FILE.json: machine-readable predictions, mmdet DetInferencer's per-image dicts (bboxes, labels, scores,
+RLE masks); for segmentors the label map PNG beside it (FILE.png, or FILE/<image>.png for a folder). See
+docs/evaluation.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import os.path as osp
+import sys
+
+from ..utils.cli import run_tool, tool_main
+
+
+def _fits(cfg, ckpt, args) -> bool:
+    """Strict loading: refuse a checkpoint that does not fit the config's model unless --allow-partial.
+
+    Checked on a separately built model (:func:`mmplugin.apis.build_model`), before mmdet's / mmseg's init
+    functions load the file (they fail with a bare ``KeyError`` or evaluate random weights behind a warning on a
+    checkpoint that does not fit).
+    """
+    from ..apis import build_model, checkpoint_fit
+    problem = checkpoint_fit(build_model(cfg), ckpt, source=args.checkpoint, model_name=args.config)
+    if problem and not args.allow_partial:
+        print(f'error: {problem}\nPass --allow-partial to run anyway.', file=sys.stderr)
+        return False
+    if problem:
+        print(f'warning (--allow-partial): {problem}', file=sys.stderr)
+    return True
+
+
+def _parse(argv):
+    from mmengine.config import DictAction
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('config')
+    p.add_argument('checkpoint')
+    p.add_argument('image', help='an image file or a folder of images')
+    p.add_argument('--out', help='drawing: an image file (one image; default result.png) or a folder (a folder of '
+                                 'images; default infer_vis/)')
+    p.add_argument('--no-draw', action='store_true', help='draw nothing (with --pred-out)')
+    p.add_argument('--pred-out', help='write the predictions as json (DetInferencer format; segmentors: label map '
+                                      'PNGs beside it)')
+    p.add_argument('--score-thr', type=float, default=0.3, help='drawing threshold (the json keeps all)')
+    p.add_argument('--device', default='cpu')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction,
+                   help='override config entries, key=value (as tools/train.py and tools/test.py)')
+    p.add_argument('--allow-partial', action='store_true',
+                   help='run even if the checkpoint does not fit the model (missing keys stay random)')
+    p.add_argument('--compile', action='store_true',
+                   help='torch.compile the backbone and neck (fullgraph, dynamic shapes); pays off on GPUs')
+    p.add_argument('--fast', nargs='?', const='auto', choices=('auto', 'bf16', 'fp16'), default=None,
+                   help='backbone + neck in reduced precision, heads fp32 (auto: bf16 on CPUs with AVX512-BF16/AMX '
+                        'and on Ampere+ GPUs, fp16 on older GPUs; fp32 with a warning elsewhere). Before positional '
+                        'arguments write --fast=MODE')
+    args = p.parse_args(argv)
+    if args.no_draw and args.out:
+        p.error('--no-draw and --out contradict each other')
+    if args.no_draw and not args.pred_out:
+        p.error('--no-draw without --pred-out would write nothing')
+    return args
+
+
+@tool_main
+def main(argv=None) -> int:
+    args = _parse(argv)
+    import mmplugin  # noqa: F401
+
+    from ..checkpoint import CheckpointError, is_url, load_checkpoint_file
+    from ..utils.predictions import InferenceWriter, PredictionOutputError, list_images
+    for what, path in (('config', args.config), ('checkpoint', args.checkpoint)):
+        if not osp.isfile(path) and not (what == 'checkpoint' and is_url(path)):
+            print(f'error: {what} file not found: {path}', file=sys.stderr)
+            return 2
+    try:
+        images = list_images(args.image)
+    except PredictionOutputError as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
+    many = osp.isdir(args.image)
+    out = None if args.no_draw else (args.out or ('infer_vis' if many else 'result.png'))
+    if out is not None and not many:
+        from ..utils.predictions import check_drawing_path
+        try:
+            check_drawing_path(out)  # before the model is built
+        except PredictionOutputError as err:
+            print(f'error: {err}', file=sys.stderr)
+            return 2
+    try:
+        ckpt = load_checkpoint_file(args.checkpoint)  # fail fast, with a clear message, on a bad file
+    except CheckpointError as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
+    from ..apis import load_config
+    from ..deploy import compile_backbone_and_neck, enable_fast_inference
+    cfg = load_config(args.config, args.cfg_options)
+    cfg.model.get('backbone', {}).pop('init_cfg', None)
+    if not _fits(cfg, ckpt, args):
+        return 2
+    segmentor = cfg.get('default_scope') == 'mmseg'
+    if segmentor:
+        from mmengine.runner import load_checkpoint
+        from mmseg.apis import inference_model, init_model
+        from mmseg.registry import DATASETS
+        # mmseg's init_model needs checkpoint['meta'] (KeyError otherwise): load here, classes from the config
+        # when the checkpoint does not name them
+        model = init_model(cfg, None, device=args.device)
+        load_checkpoint(model, args.checkpoint, map_location='cpu')
+        meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
+        model.dataset_meta = meta or DATASETS.build(dict(cfg.test_dataloader.dataset, lazy_init=True)).metainfo
+        infer = inference_model
+    else:
+        from mmdet.apis import inference_detector, init_detector
+        from mmdet.registry import DATASETS
+        model = init_detector(cfg, args.checkpoint, device=args.device)
+        meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
+        if not meta:  # mmdet falls back to COCO's 80 names; the config's dataset names the classes
+            model.dataset_meta = DATASETS.build(dict(cfg.test_dataloader.dataset, lazy_init=True)).metainfo
+        infer = inference_detector
+    if args.fast:
+        dtype = enable_fast_inference(model, args.fast, args.device)
+        print(f'--fast {args.fast}: backbone + neck in {dtype or "torch.float32"}, heads in torch.float32')
+    if args.compile:
+        compile_backbone_and_neck(model)
+    try:
+        writer = InferenceWriter(model, segmentor, out, args.pred_out, many, args.score_thr)
+    except PredictionOutputError as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
+    for image in images:
+        result = infer(model, image)
+        record = writer.add(image, result)
+        if not segmentor:
+            kept = sum(s >= args.score_thr for s in record['scores'])
+            print(f'{image}: {kept} instances above score {args.score_thr}')
+    if out is not None:
+        print(f'visualisation written to {os.path.abspath(out)}')
+    if writer.close():
+        print(f'predictions written to {os.path.abspath(args.pred_out)}')
+    return 0
+
+
+if __name__ == '__main__':
+    run_tool(main)

@@ -1,0 +1,129 @@
+"""Evaluate a checkpoint (COCO bbox/segm AP, ADE20K mIoU, ...) with an mmdet or mmseg config.
+
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--tta] [--show-dir DIR] [--cfg-options ...]
+        [--format-only --out-dir DIR] [--out FILE.pkl] [--allow-partial] [--launcher none|pytorch|slurm]
+        [--compile] [--fast [auto|bf16|fp16]]
+
+CHECKPOINT is a path or an http(s) URL (downloaded once into the torch hub cache). Checkpoints load with
+weights-only semantics (see mmplugin.checkpoint) and strictly: one that does not fit the model of CONFIG (a
+backbone-only or another model's checkpoint) is an error listing the first missing / unexpected keys, unless
+``--allow-partial`` is given.
+Published whole-model checkpoints (official Swin detection / segmentation repositories, mmdet / mmseg model
+zoos) load as they are: their backbone part is converted on the fly (docs/published_checkpoints.md).
+``--tta`` uses the config's ``tta_model`` / ``tta_pipeline`` (multi-scale + flip).
+``--format-only --out-dir DIR`` writes test-server files instead of scoring (COCO results json; ADE20K PNG label
+maps), ``--out FILE.pkl`` dumps the raw predictions, ``--show-dir DIR`` draws every prediction: docs/evaluation.md.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import os.path as osp
+import sys
+
+from ..utils.cli import run_tool, tool_main
+
+
+def parse_args(argv=None):
+    from mmengine.config import DictAction
+    p = argparse.ArgumentParser(description='Evaluate a trained detector or segmentor.')
+    p.add_argument('config')
+    p.add_argument('checkpoint')
+    p.add_argument('--work-dir')
+    p.add_argument('--tta', action='store_true', help="test-time augmentation from the config's tta_* entries")
+    p.add_argument('--show-dir', help='draw every prediction into this folder (detectors and segmentors)')
+    p.add_argument('--format-only', action='store_true',
+                   help='write test-server files into --out-dir instead of scoring (COCO results json for '
+                        'bbox / segm; PNG label maps for segmentors)')
+    p.add_argument('--out-dir', help='folder of the --format-only files')
+    p.add_argument('--out', help='dump the raw predictions to this .pkl file (as mmdet\'s / mmseg\'s test tools)')
+    p.add_argument('--compile', action='store_true',
+                   help='torch.compile the backbone and neck (fullgraph, dynamic shapes); pays off on GPUs')
+    p.add_argument('--fast', nargs='?', const='auto', choices=('auto', 'bf16', 'fp16'), default=None,
+                   help='backbone + neck in reduced precision, heads fp32 (auto: bf16 on CPUs with AVX512-BF16/AMX '
+                        'and on Ampere+ GPUs, fp16 on older GPUs; fp32 with a warning elsewhere). Before positional '
+                        'arguments write --fast=MODE')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    p.add_argument('--allow-partial', action='store_true',
+                   help='evaluate even if the checkpoint does not fit the model (missing keys stay random)')
+    p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
+    p.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = p.parse_args(argv)
+    if args.format_only != bool(args.out_dir):
+        p.error('--format-only and --out-dir go together')
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def _plain(v):
+    try:
+        return round(float(v), 4)  # numpy scalars print as plain numbers
+    except (TypeError, ValueError):
+        return v
+
+
+def _apply_evaluation_options(cfg, args) -> None:
+    """--tta, --format-only / --out-dir and --show-dir on the config (mmplugin.utils.evaluation)."""
+    from ..utils.evaluation import configure_format_only, configure_show_dir, configure_tta
+    if args.tta:
+        configure_tta(cfg)
+    if args.format_only:
+        for path in configure_format_only(cfg, args.out_dir):
+            print(f'--format-only: writing {path}')
+    if args.show_dir:
+        print(f'--show-dir: drawing predictions into {configure_show_dir(cfg, args.show_dir)}')
+
+
+@tool_main
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import mmplugin  # noqa: F401
+    from mmengine.runner import Runner
+
+    from ..apis import checkpoint_fit, load_config
+    from ..checkpoint import is_url, load_checkpoint_file
+    from ..utils import check_datasets, prepare_runner_cfg
+    from ..utils.evaluation import add_dump_metric, check_dump_path, is_segmentor_cfg
+
+    for what, path in (('config', args.config), ('checkpoint', args.checkpoint)):
+        if not osp.isfile(path) and not (what == 'checkpoint' and is_url(path)):
+            print(f'error: {what} file not found: {path}', file=sys.stderr)
+            return 2
+    cfg = load_config(args.config, args.cfg_options)
+    check_datasets(cfg, splits=('test', ))  # user errors end as one line (mmplugin.utils.cli)
+    ckpt = load_checkpoint_file(args.checkpoint)  # fail fast, with a clear message, on a bad file
+    args.resume = None
+    prepare_runner_cfg(cfg, args)
+    cfg.load_from = args.checkpoint
+    cfg.model.get('backbone', {}).pop('init_cfg', None)  # weights come from the checkpoint
+    _apply_evaluation_options(cfg, args)
+    if args.out:
+        check_dump_path(args.out)
+    runner = Runner.from_cfg(cfg)
+    if args.out:
+        print(f'--out: dumping raw predictions to {add_dump_metric(runner, args.out, is_segmentor_cfg(cfg))}')
+    problem = checkpoint_fit(runner.model, ckpt, source=args.checkpoint, model_name=args.config)
+    del ckpt
+    if problem and not args.allow_partial:
+        print(f'error: {problem}\nPass --allow-partial to evaluate anyway.', file=sys.stderr)
+        return 2
+    if problem:
+        print(f'warning (--allow-partial): {problem}', file=sys.stderr)
+    from mmengine.model import is_model_wrapper
+    model = runner.model.module if is_model_wrapper(runner.model) else runner.model  # unwrap DDP
+    if args.tta:
+        model = model.module  # the detector / segmentor inside the TTA wrapper
+    if args.fast:
+        from ..deploy import enable_fast_inference
+        dtype = enable_fast_inference(model, args.fast, next(model.parameters()).device)
+        print(f'--fast {args.fast}: backbone + neck in {dtype or "torch.float32"}, heads in torch.float32')
+    if args.compile:
+        from ..deploy import compile_backbone_and_neck
+        compile_backbone_and_neck(model)  # in place: the checkpoint's keys still match
+    metrics = runner.test()
+    print({k: _plain(v) for k, v in (metrics or {}).items()})
+    return 0
+
+
+if __name__ == '__main__':
+    run_tool(main)

@@ -1,0 +1,68 @@
+"""Train an mmdet or mmseg model from a config, with the plugin's backbones registered.
+
+    python tools/train.py configs/swiftformer_l1_maskrcnn.py [--work-dir DIR] [--resume [PATH]] [--amp]
+        [--cfg-options key=value ...] [--launcher none|pytorch|slurm]
+
+Multi-GPU / multi-node: tools/dist_train.sh (torchrun, c10d rendezvous) or tools/slurm_train.sh; mmengine's
+distributed runner does the work (``runner_type='FlexibleRunner'`` in a config for FSDP); docs/distributed.md.
+``--resume`` without a path continues from the newest intact checkpoint in the work dir.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import os.path as osp
+import sys
+
+from ..utils.cli import run_tool, tool_main
+
+
+def parse_args(argv=None):
+    from mmengine.config import DictAction
+    p = argparse.ArgumentParser(description='Train a detector or segmentor (mmdet / mmseg config).')
+    p.add_argument('config', help='config file')
+    p.add_argument('--work-dir', help='where logs and checkpoints go (default: work_dirs/<config name>)')
+    p.add_argument('--resume', nargs='?', const='auto', default=None,
+                   help='resume from PATH or http(s) URL, or (no value) from the newest intact checkpoint in the work '
+                   'dir (unreadable newer ones are named in the log)')
+    p.add_argument('--amp', action='store_true', help='mixed precision (GPU); ignored with a warning on CPU')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config values, key=value')
+    p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
+    p.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    args = p.parse_args(argv)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+@tool_main
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import mmplugin  # noqa: F401  registers the backbones, safe checkpoint loading
+    from mmengine.config import Config
+
+    from ..checkpoint import CheckpointError
+    from ..utils import DatasetConfigError, build_runner, check_datasets, prepare_runner_cfg
+
+    if not osp.isfile(args.config):
+        print(f'error: config file not found: {args.config}', file=sys.stderr)
+        return 2
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    try:
+        check_datasets(cfg, splits=('train', 'val') if cfg.get('val_cfg') else ('train', ))
+    except DatasetConfigError as err:
+        print(f'error: {err}', file=sys.stderr)
+        return 2
+    try:
+        prepare_runner_cfg(cfg, args)
+    except CheckpointError as err:
+        print(f'error: --resume: {err}', file=sys.stderr)
+        return 2
+    runner = build_runner(cfg)
+    runner.train()
+    return 0
+
+
+if __name__ == '__main__':
+    run_tool(main)

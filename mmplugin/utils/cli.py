@@ -1,0 +1,170 @@
+"""One place where the command-line tools turn a user's mistake into one ``error: ...`` line and exit code 2.
+
+A mistake found after the config is built (an unknown arch, a mistyped backbone keyword or ``mmplugin.`` type, a
+checkpoint that is missing, unsafe or does not fit, a dataset that is not there) raises an exception whose text
+already says what is wrong; a tool wrapped with :func:`tool_main` prints that text as ``error: <message>`` on stderr
+and returns 2 instead of ending in a traceback below hundreds of log lines. A mistyped keyword or registry type
+gets ``did you mean ...?`` with the closest valid names (:mod:`difflib`). Everything else (a bug) still raises.
+``MMPLUGIN_TRACEBACK=1`` re-raises user errors too, with their traceback.
+"""
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+import os
+import re
+import sys
+from typing import Callable, Iterable
+
+__all__ = ['tool_main', 'run_tool', 'user_error_message', 'closest', 'TRACEBACK_ENV']
+
+TRACEBACK_ENV = 'MMPLUGIN_TRACEBACK'
+
+_REGISTRY_MISS = re.compile(r'(\S+) is not in the (?:(\w+)::)?([\w ]+?) registry')
+_UNEXPECTED_KW = re.compile(r"(\w+)\.__init__\(\) got an unexpected keyword argument '(\w+)'")
+_UNKNOWN_ARG = re.compile(r'- (\w+): unknown argument of ([\w.]+)')
+_UNKNOWN_ARCH = re.compile(r"unknown arch '([^']+)'; valid: \[([^\]]*)\]")
+_CONFIG_SYNTAX = 'There are syntax errors in config'
+
+
+def closest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+    """The valid names nearest to the mistyped ``name`` (case-insensitive :func:`difflib.get_close_matches`)."""
+    candidates = sorted(set(candidates))
+    lower = {c.lower(): c for c in candidates}
+    return [lower[c] for c in difflib.get_close_matches(name.lower(), list(lower), n=n, cutoff=0.6)]
+
+
+def _did_you_mean(names: list[str]) -> str:
+    return f' (did you mean {" or ".join(repr(n) for n in names)}?)' if names else ''
+
+
+def _registry_names(location: str) -> set[str]:
+    """Every type name of mmengine's root registry called ``location`` (``'model'``, ``'dataset'``, ...) and of its
+    children, scoped ones as ``scope.Name`` and, for a child, also bare (how a config in that scope writes it)."""
+    import mmengine.registry as mm_registry
+    roots = [r for r in vars(mm_registry).values() if isinstance(r, mm_registry.Registry) and r.name == location]
+    names: set[str] = set()
+    stack = list(roots)
+    while stack:
+        reg = stack.pop()
+        names.update(reg.module_dict)
+        if reg.parent is not None:
+            names.update(f'{reg.scope}.{k}' for k in reg.module_dict)
+        stack.extend(reg.children.values())
+    return names
+
+
+def _find_class(name: str):
+    """The class registered as ``name`` (``mmplugin.SwinTransformer``, ``SwinTransformer``) in the model registries,
+    the plugin's first; None when there is none."""
+    from ..registry import MODELS
+    scope, _, bare = name.rpartition('.')
+    if scope in ('', 'mmplugin') and bare in MODELS.module_dict:
+        return MODELS.module_dict[bare]
+    import mmengine.registry as mm_registry
+    stack = [mm_registry.MODELS]
+    while stack:
+        reg = stack.pop()
+        if (not scope or reg.scope == scope) and bare in reg.module_dict:
+            return reg.module_dict[bare]
+        stack.extend(reg.children.values())
+    return None
+
+
+def _keywords(cls) -> set[str]:
+    """The keyword arguments ``cls(...)`` accepts: its and its bases' ``__init__`` parameters."""
+    names: set[str] = set()
+    for klass in getattr(cls, '__mro__', ()):
+        init = klass.__dict__.get('__init__')
+        if init is None:
+            continue
+        try:
+            params = inspect.signature(init).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        names.update(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    return names - {'self'}
+
+
+def _keyword_hint(cls_name: str, kw: str) -> str:
+    cls = _find_class(cls_name)
+    return _did_you_mean(closest(kw, _keywords(cls))) if cls is not None else ''
+
+
+def _with_keyword_hints(message: str) -> str:
+    """``message`` with ``did you mean`` after every unknown keyword it names whose class is registered."""
+    message = _UNKNOWN_ARG.sub(lambda m: m.group(0) + _keyword_hint(m.group(2), m.group(1)), message)
+    return _UNEXPECTED_KW.sub(lambda m: m.group(0) + _keyword_hint(m.group(1), m.group(2)), message)
+
+
+def _is_user_error(err: BaseException) -> bool:
+    from mmengine.config.utils import ConfigParsingError
+
+    from ..apis import PartError
+    from ..checkpoint import CheckpointError
+    from ..models.backbones.openmmlab_compat import UnsupportedArgumentsError
+    from .datasets import DatasetConfigError
+    from .evaluation import TestOptionError
+    from .predictions import PredictionOutputError
+    if isinstance(err, (FileNotFoundError, PartError, CheckpointError, UnsupportedArgumentsError, DatasetConfigError,
+                        TestOptionError, PredictionOutputError, ConfigParsingError)):
+        return True
+    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    if isinstance(err, KeyError):
+        return bool(_REGISTRY_MISS.search(text))
+    if isinstance(err, SyntaxError):
+        return text.startswith(_CONFIG_SYNTAX)
+    if isinstance(err, TypeError):
+        return bool(_UNEXPECTED_KW.search(text))
+    if isinstance(err, ValueError):  # a backbone's own argument checks name the class: 'mmplugin.X: ...'
+        return text.startswith('mmplugin.')
+    return False
+
+
+def user_error_message(err: BaseException) -> str | None:
+    """The one-line (or few-line) text to print for a user's mistake, with ``did you mean`` where a name was
+    mistyped; None when ``err`` is not one (a bug: let it raise)."""
+    try:
+        if not _is_user_error(err):
+            return None
+    except ImportError:  # the package's own modules could not load: not a user error either
+        return None
+    text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+    miss = _REGISTRY_MISS.search(text)
+    if isinstance(err, KeyError) and miss:
+        name, _, location = miss.groups()
+        text = text.split('. Please check')[0] + _did_you_mean(closest(name, _registry_names(location)))
+    else:
+        text = _with_keyword_hints(text)
+        arch = _UNKNOWN_ARCH.search(text)
+        if arch:
+            text += _did_you_mean(closest(arch.group(1), re.findall(r"'([^']+)'", arch.group(2))))
+    return text.strip()
+
+
+def tool_main(main: Callable[..., object]) -> Callable[..., object]:
+    """Wrap a tool's ``main(argv=None)``: user errors print ``error: <message>`` on stderr and return 2.
+
+    ``MMPLUGIN_TRACEBACK=1`` in the environment re-raises them instead (with the full traceback).
+    """
+    @functools.wraps(main)
+    def wrapper(*args, **kwargs):
+        try:
+            rc = main(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001  (sorted out below: only user errors are caught)
+            message = user_error_message(err)
+            if message is None or os.environ.get(TRACEBACK_ENV, '') not in ('', '0'):
+                raise
+            print(f'error: {message}', file=sys.stderr, flush=True)
+            return 2
+        return rc
+
+    return wrapper
+
+
+def run_tool(main: Callable[[], object]) -> None:
+    """``sys.exit`` with ``main()``'s exit code: an int as it is, anything else (a tool returning its figures for
+    tests) 0."""
+    rc = main()
+    sys.exit(rc if isinstance(rc, int) else 0)
