@@ -1,5 +1,6 @@
 """Peak memory of one training step (forward + backward, batch 2) of one benchmark model, measured in a fresh
-process so that no other model's allocations count: max RSS growth on CPU, ``max_memory_allocated`` on CUDA.
+process so that no other model's allocations count: on CPU the growth of the RSS high-water mark over the step (reset
+before it on Linux, so building the models does not hide a small step's peak), ``max_memory_allocated`` on CUDA.
 
 :func:`peak_memory` runs ``python -m mmplugin.analysis.memory FAMILY ARCH NAME HxW WITH_CP DEVICE`` and reads the
 JSON line it prints.
@@ -31,6 +32,29 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
                 m.with_cp = True
 
 
+def _status_kib(field: str) -> int | None:
+    """``VmRSS`` / ``VmHWM`` of this process in KiB (Linux), None elsewhere."""
+    try:
+        with open('/proc/self/status') as f:
+            for line in f:
+                if line.startswith(field + ':'):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Set this process's RSS high-water mark to its current RSS (Linux ``clear_refs`` 5), so that the peak of
+    what follows is measured, not the peak of building the models before it."""
+    try:
+        with open('/proc/self/clear_refs', 'w') as f:
+            f.write('5')
+    except OSError:
+        return False
+    return _status_kib('VmHWM') is not None
+
+
 def measure_peak_memory(family: str, arch: str, name: str, size: tuple[int, int], with_cp: bool,
                         device: str) -> float:
     """In this process: one training step of benchmark model ``name``; its peak memory in MiB."""
@@ -47,14 +71,16 @@ def measure_peak_memory(family: str, arch: str, name: str, size: tuple[int, int]
     for m in models.values():
         m.cpu()
     del models
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    reset = dev.type == 'cpu' and _reset_peak_rss()
+    base = _status_kib('VmRSS') if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     if dev.type == 'cuda':
         torch.cuda.reset_peak_memory_stats()
     outs = model(x)
     sum(o.float().mean() for o in outs).backward()
     if dev.type == 'cuda':
         return torch.cuda.max_memory_allocated() / 2**20
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+    peak = _status_kib('VmHWM') if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return (peak - base) / 1024
 
 
 def peak_memory(family: str, arch: str, name: str, size: tuple[int, int], with_cp: bool,
