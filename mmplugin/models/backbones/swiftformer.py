@@ -52,6 +52,15 @@ def _residual_conv(y: torch.Tensor, conv: nn.Conv2d, scale: torch.Tensor | None,
     return conv_add(y, conv, x, w, b)
 
 
+def l2_normalize(x: torch.Tensor, dim: int, eps: float = 1e-12) -> torch.Tensor:
+    """``F.normalize(x, dim=dim, eps=eps)``, i.e. ``x / max(||x||_2, eps)``, as ``x * rsqrt(max(sum(x * x), eps^2))``.
+
+    Same value up to rounding (float64: ~1e-16 relative). It lowers to mul / sum / rsqrt, which mobile delegates
+    (XNNPACK, Core ML) run, where ``F.normalize`` lowers to ``pow(0.5)`` and ``expand_copy`` and splits the graph.
+    """
+    return x * torch.rsqrt(torch.clamp_min((x * x).sum(dim, keepdim=True), eps * eps))
+
+
 class ConvEncoder(nn.Module):
     """Convolutional encoder: ``x + ls * pw2(GELU(pw1(BN(dw3x3(x)))))``. Shapes ``(B, C, H, W)`` in and out.
 
@@ -108,13 +117,10 @@ class EfficientAdditiveAttention(nn.Module):
         self.final = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None) -> torch.Tensor:
-        c = x.shape[-1]
-        qk = F.linear(x, torch.cat((self.to_query.weight, self.to_key.weight)),
-                      torch.cat((self.to_query.bias, self.to_key.bias)))  # one GEMM for both projections
-        q = F.normalize(qk[..., :c], dim=-1)  # (B, N, C)
-        k = F.normalize(qk[..., c:], dim=-1)  # (B, N, C)
+        q = l2_normalize(self.to_query(x), -1)  # (B, N, C)
+        k = l2_normalize(self.to_key(x), -1)  # (B, N, C)
         if self.token_weighting == 'l2norm':
-            a = F.normalize((q @ self.w_g) * self.scale, dim=1)  # (B, N, 1)
+            a = l2_normalize((q @ self.w_g) * self.scale, 1)  # (B, N, 1)
             g = a.transpose(1, 2) @ q  # (B, 1, C)
         else:
             g = q.sum(dim=1, keepdim=True)
