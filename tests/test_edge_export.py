@@ -139,6 +139,7 @@ def test_export_cli_argument_errors():
 # ---------------------------------------------------------------------------------------------------- runtimes
 
 @pytest.mark.numeric
+@pytest.mark.slow  # conversion: ~1-5 min on 2 shared cores
 def test_executorch_segmentor_xnnpack_parity(tmp_path):
     """Whole Semantic FPN segmentor in one .pte: XNNPACK takes every conv / linear; eager parity."""
     _skip_unless('executorch')
@@ -151,6 +152,7 @@ def test_executorch_segmentor_xnnpack_parity(tmp_path):
 
 
 @pytest.mark.numeric
+@pytest.mark.slow  # conversion: ~1-5 min on 2 shared cores
 def test_litert_segmentor_parity(tmp_path):
     _skip_unless('litert')
     part = ExportPart(_tiny_segmentor(), 'model').eval()
@@ -160,6 +162,7 @@ def test_litert_segmentor_parity(tmp_path):
     assert max(errs.values()) <= FP32_PARITY, errs
 
 
+@pytest.mark.slow
 def test_coreml_backbone_neck_program(tmp_path):
     """mlprogram converted here: core MIL ops only, fixed input shape, the eager output shapes and names."""
     _skip_unless('coreml')

@@ -39,11 +39,12 @@ def parse_args(argv=None):
     from mmengine.config import DictAction
 
     from mmplugin.deploy import DEFAULT_OPSET, PARTS
+    from mmplugin.deploy.backends import BACKENDS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config')
     p.add_argument('checkpoint', nargs='?', default=None, help='trained weights (loaded weights-only)')
     p.add_argument('--out', required=True, help='output file (.onnx, .pte, .tflite, .mlpackage)')
-    p.add_argument('--backend', choices=('onnx', 'executorch', 'litert', 'coreml'), default='onnx',
+    p.add_argument('--backend', choices=BACKENDS, default='onnx',
                    help='onnx: dynamic sizes, onnxruntime; others: fixed --example shape (docs/deploy_edge.md)')
     p.add_argument('--precision', choices=('fp16', 'fp32'), default=None,
                    help='Core ML compute precision (default fp16); coreml only')
