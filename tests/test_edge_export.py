@@ -118,6 +118,17 @@ def test_clear_errors(tmp_path):
             backends.export_and_check(m, backend, str(tmp_path / 'x'), torch.randn(*SIZE), [(2, 3, 64, 96)])
 
 
+def test_unknown_or_bad_options(tmp_path):
+    m, x = _tiny_backbone(), torch.randn(*SIZE)
+    with pytest.raises(ValueError, match='takes the options'):
+        backends.export(m, 'coreml', str(tmp_path / 'x.mlpackage'), x, precison='fp32')
+    with pytest.raises(ValueError, match='takes the options'):
+        backends.export(m, 'executorch', str(tmp_path / 'x.pte'), x, precision='fp16')
+    if backends.available('coreml') is None:
+        with pytest.raises(ValueError, match='precision must be one of'):
+            backends.export(m, 'coreml', str(tmp_path / 'x.mlpackage'), x, precision='int4')
+
+
 def test_missing_runtime_names_the_install(monkeypatch, tmp_path):
     from mmplugin.deploy import executorch as et
     monkeypatch.setattr(et, 'missing', lambda: 'ExecuTorch is not usable: x; ' + et.INSTALL)
@@ -181,3 +192,14 @@ def test_coreml_backbone_neck_program(tmp_path):
             backends.load('coreml', path)
     else:
         assert max(errs.values()) <= FP32_PARITY, errs
+
+
+@pytest.mark.slow
+def test_model_a_backend_cannot_take_is_a_clear_error(tmp_path):
+    """Swin's relative-position gather does not convert to Core ML: the error names backend, model and size."""
+    _skip_unless('coreml')
+    from mmplugin.models import SwinTransformer
+    torch.manual_seed(0)
+    swin = SwinTransformer(dict(embed_dims=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2])).eval()
+    with pytest.raises(backends.BackendExportError, match=r"coreml cannot convert SwinTransformer.*\(1, 3, 64, 96\)"):
+        backends.export(swin, 'coreml', str(tmp_path / 'swin.mlpackage'), torch.randn(*SIZE))

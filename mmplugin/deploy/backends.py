@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import inspect
 import os
 from collections.abc import Callable, Sequence
 
@@ -125,6 +126,11 @@ def export(module: nn.Module, backend: str, out: str, example: torch.Tensor, **o
     mod = _backend_module(backend)
     if mod is not None:
         check_example(example)
+        try:
+            inspect.signature(mod.export).bind(module, out, example, **options)
+        except TypeError:
+            raise ValueError(f'{backend} export takes the options {list(inspect.signature(mod.export).parameters)[3:]}'
+                             f', got {sorted(options)}') from None
     require(backend)
     if mod is None:
         from . import export_onnx
@@ -133,11 +139,13 @@ def export(module: nn.Module, backend: str, out: str, example: torch.Tensor, **o
             raise ValueError(f'onnx export takes the option opset only, got {sorted(unknown)}')
         names = export_onnx(module, out, example, **options)
         return dict(backend=backend, path=out, bytes=file_size(out), outputs=names, shapes='dynamic')
+    if hasattr(mod, 'check_options'):
+        mod.check_options(**options)
     deployed = prepare(module)
     try:
         with torch.no_grad():
             info = mod.export(deployed, out, example, **options)
-    except (BackendUnavailable, ValueError, TypeError):
+    except BackendUnavailable:
         raise
     except Exception as err:  # noqa: BLE001  (the converter's message, with what was being converted)
         raise BackendExportError(f'{backend} cannot convert {model_name(module)} at input '

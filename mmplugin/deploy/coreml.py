@@ -43,6 +43,15 @@ def unsupported_ops(ops) -> list[str]:
     return sorted(t for t in ops if t not in SSAOpRegistry.core_ops)
 
 
+def check_options(precision: str = 'fp16', target: str = 'iOS17') -> None:
+    """ValueError for a precision or deployment target :func:`export` does not take."""
+    import coremltools as ct
+    if precision not in PRECISIONS:
+        raise ValueError(f'Core ML precision must be one of {PRECISIONS}, got {precision!r}')
+    if not hasattr(ct.target, target):
+        raise ValueError(f'unknown Core ML deployment target {target!r} (e.g. iOS16, iOS17, macOS14)')
+
+
 def export(module: nn.Module, out: str, example: torch.Tensor, precision: str = 'fp16',
            target: str = 'iOS17') -> dict:
     """Convert ``module`` (deploy form, eval) to an ``mlprogram`` and save it at ``out`` (.mlpackage).
@@ -53,10 +62,7 @@ def export(module: nn.Module, out: str, example: torch.Tensor, precision: str = 
     """
     import coremltools as ct
 
-    if precision not in PRECISIONS:
-        raise ValueError(f'Core ML precision must be one of {PRECISIONS}, got {precision!r}')
-    if not hasattr(ct.target, target):
-        raise ValueError(f'unknown Core ML deployment target {target!r} (e.g. iOS16, iOS17, macOS14)')
+    check_options(precision, target)
     from . import flatten_outputs
     n_out = len(flatten_outputs(module(example)))
     ep = torch.export.export(module, (example, )).run_decompositions({})
