@@ -1,8 +1,9 @@
 """ExecuTorch ``.pte`` with the XNNPACK delegate (fp32), and a runner through ExecuTorch's Python runtime bindings.
 
 Capture: ``torch.export`` at the example's fixed shape, then ``to_edge_transform_and_lower`` with the
-``XnnpackPartitioner``: the ops XNNPACK takes run in its delegate segments, the rest (for SwiftFormer a few
-``sum`` / ``expand_copy`` of the additive attention's normalisation) in ExecuTorch's portable kernels. Works with
+``XnnpackPartitioner``: the ops XNNPACK takes run in its delegate segments, the rest in ExecuTorch's portable
+kernels (SwiftFormer's additive attention is written so that each block is one segment; Swin's window index
+arithmetic stays portable). Works with
 executorch 1.5.1 (+ torchao 0.18) on torch 2.13; the model must be in deploy form
 (:func:`mmplugin.deploy.backends.prepare`): XNNPACK takes only constant weights.
 """
