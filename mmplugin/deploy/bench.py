@@ -87,7 +87,8 @@ def runtime_rows(name: str, part: nn.Module, example: torch.Tensor, workdir: str
             continue
         path = osp.join(workdir, f'{name}{backends.SUFFIX[rt]}')
         try:
-            info = backends.export(part, rt, path, example)
+            # ONNX exports dynamic sizes from a batch-2 example (torch.export fixes size-1 dims)
+            info = backends.export(part, rt, path, torch.cat([example, example]) if rt == 'onnx' else example)
             rows.append(Row(f'{rt} fp32', backends.load(rt, path, threads), info['bytes']))
         except (backends.BackendExportError, backends.BackendUnavailable, RuntimeError) as err:
             notes.append(f'{name} {rt}: failed ({str(err)[:300]})')
