@@ -96,7 +96,8 @@ def runtime_rows(name: str, part: nn.Module, example: torch.Tensor, workdir: str
 
 
 def measure(name: str, size: int = 512, rounds: int = 10, threads: int = 2, workdir: str = '.',
-            runtimes: Sequence[str] = FP32_RUNTIMES, builders: Sequence[RowBuilder] = ()) -> tuple[list[Row], list[str]]:
+            runtimes: Sequence[str] = FP32_RUNTIMES,
+            builders: Sequence[RowBuilder] = ()) -> tuple[list[Row], list[str]]:
     """Rows (eager first) for model ``name`` at ``size x size`` with every row's ``ms`` (median of ``rounds``)."""
     from . import flatten_outputs, max_rel_error
     from ..utils.timing import interleaved

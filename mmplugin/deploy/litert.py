@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-INSTALL = 'pip install "mmplugin[litert]" (litert-torch, ai-edge-litert; a separate environment: see docs/deploy_edge.md)'
+INSTALL = ('pip install "mmplugin[litert]" (litert-torch, ai-edge-litert; a separate environment: '
+           'see docs/deploy_edge.md)')
 
 
 def missing() -> str | None:
