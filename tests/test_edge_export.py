@@ -203,3 +203,25 @@ def test_model_a_backend_cannot_take_is_a_clear_error(tmp_path):
     swin = SwinTransformer(dict(embed_dims=16, depths=[1, 1, 1, 1], num_heads=[1, 1, 2, 2])).eval()
     with pytest.raises(backends.BackendExportError, match=r"coreml cannot convert SwinTransformer.*\(1, 3, 64, 96\)"):
         backends.export(swin, 'coreml', str(tmp_path / 'swin.mlpackage'), torch.randn(*SIZE))
+
+
+def test_edge_table_rows_from_builders(tmp_path):
+    """The table's hook: a row builder's runner is timed beside eager and checked against it (error computed)."""
+    from mmplugin.deploy import bench
+    seen = []
+
+    def deployed_row(name, part, example, workdir):
+        seen.append((name, tuple(example.shape), workdir))
+        return [bench.Row('deploy form', backends.prepare(part), bytes=123),
+                bench.Row('int8 (metric)', backends.prepare(part), metric='mIoU 1.0')]
+
+    rows, notes = bench.measure('swiftformer_xs', size=64, rounds=1, threads=1, workdir=str(tmp_path),
+                                runtimes=(), builders=[deployed_row])
+    assert seen == [('swiftformer_xs', (1, 3, 64, 64), str(tmp_path))] and notes == []
+    assert [r.runtime for r in rows] == ['eager fp32', 'deploy form', 'int8 (metric)']
+    assert rows[0].rel_error == 0 and rows[1].rel_error <= FP32_PARITY and rows[2].rel_error is None
+    assert all(r.ms > 0 for r in rows)
+    text = bench.table({'swiftformer_xs': rows}, 64, 1, 1)
+    assert 'CPU: ' in text and '| swiftformer_xs | int8 (metric) |' in text and 'mIoU 1.0' in text
+    with pytest.raises(ValueError, match='module:function'):
+        bench.row_builder('no_colon')
