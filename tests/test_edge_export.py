@@ -143,6 +143,9 @@ def test_export_cli_argument_errors():
                        (['--backend', 'litert', '--opset', '17'], '--opset applies')):
         out = subprocess.run([sys.executable, tool, cfg, '--out', 'x', *extra], capture_output=True, text=True)
         assert out.returncode == 2 and msg in out.stderr, out.stderr[-500:]
+    out = subprocess.run([sys.executable, osp.join(ROOT, 'tools', 'edge_table.py'), '--rounds', '0'],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and '--rounds and --threads >= 1' in out.stderr, out.stderr[-500:]
 
 
 # ---------------------------------------------------------------------------------------------------- runtimes
