@@ -137,5 +137,9 @@ fi
 # in mmplugin.deploy.mmdeploy needs none of them): tools/export_mmdeploy.py and its parity test
 "${PIP[@]}" install -q --no-deps 'mmdeploy==1.3.1' || \
   say "warning: installing mmdeploy 1.3.1 (--no-deps) failed: tools/export_mmdeploy.py and its test are unavailable"
+# ExecuTorch + XNNPACK (the edge extra's runtime; tests/test_edge_export.py), with the installed torch held fixed
+echo "torch==$TORCH_VERSION" > "$VENV/.torch-constraint.txt"
+"${PIP[@]}" install -q -c "$VENV/.torch-constraint.txt" 'executorch==1.5.1' 'torchao==0.18.0' || \
+  say "warning: installing executorch 1.5.1 failed: the ExecuTorch export and its tests are unavailable (skipped)"
 "$VPY" -c "import mmplugin, mmcv.ops, mmdet, mmseg; print('[setup] ok: mmplugin', mmplugin.__version__, '| mmcv', __import__('mmcv').__version__, '| mmdet', mmdet.__version__, '| mmseg', mmseg.__version__, '| torch', __import__('torch').__version__)"
 echo "$want_stamp" > "$STAMP"

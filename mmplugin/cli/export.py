@@ -1,8 +1,12 @@
 """Export a detector's / segmentor's backbone, backbone + neck, or whole segmentor to ONNX with dynamic batch, height
-and width, then check onnxruntime against PyTorch eager at other sizes.
+and width, then check onnxruntime against PyTorch eager at other sizes; or, with ``--backend``, to a mobile runtime
+(ExecuTorch + XNNPACK ``.pte``, LiteRT ``.tflite``, Core ML ``.mlpackage``) at the fixed ``--example`` shape
+(default 1x512x512), checked against eager in that runtime (Core ML: converted and inspected; predicts on macOS).
 
     python tools/export.py CONFIG [CHECKPOINT] --out FILE.onnx [--part backbone|backbone+neck|model]
         [--opset 18] [--example 2x224x256] [--verify 1x97x131 3x61x300 ...] [--cfg-options ...]
+    python tools/export.py CONFIG [CHECKPOINT] --backend executorch|litert|coreml --out FILE [--part ...]
+        [--example 1x512x512] [--precision fp16|fp32 (coreml)]
 
 Exporter: ``torch.onnx.export(dynamo=True)`` (torch.export capture + onnxscript), opset 18 by default; see
 :mod:`mmplugin.deploy`. The graph's input ``input`` is the image after the model's data preprocessor (mean/std
@@ -36,19 +40,35 @@ def parse_args(argv=None):
     from mmengine.config import DictAction
 
     from ..deploy import DEFAULT_OPSET, PARTS
+    from ..deploy.backends import BACKENDS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config')
     p.add_argument('checkpoint', nargs='?', default=None, help='trained weights (loaded weights-only)')
-    p.add_argument('--out', required=True, help='output .onnx file')
+    p.add_argument('--out', required=True, help='output file (.onnx, .pte, .tflite, .mlpackage)')
+    p.add_argument('--backend', choices=BACKENDS, default='onnx',
+                   help='onnx: dynamic sizes, onnxruntime; others: fixed --example shape (docs/deploy_edge.md)')
+    p.add_argument('--precision', choices=('fp16', 'fp32'), default=None,
+                   help='Core ML compute precision (default fp16); coreml only')
     p.add_argument('--part', choices=PARTS, default='backbone')
     p.add_argument('--opset', type=int, default=DEFAULT_OPSET)
-    p.add_argument('--example', type=_shape, default=(2, 224, 256),
-                   help='BxHxW of the example input used for capture; every dim >= 2 (default 2x224x256)')
-    p.add_argument('--verify', type=_shape, nargs='*', default=[(1, 97, 131), (3, 61, 300), (1, 33, 45)],
-                   help='BxHxW sizes at which onnxruntime is compared with eager (none: skip)')
+    p.add_argument('--example', type=_shape, default=None,
+                   help='BxHxW of the example input used for capture; onnx: every dim >= 2 (default 2x224x256); '
+                   'other backends: the fixed input shape (default 1x512x512)')
+    p.add_argument('--verify', type=_shape, nargs='*', default=None,
+                   help='BxHxW sizes at which the runtime is compared with eager (none: skip; default onnx '
+                   '1x97x131 3x61x300 1x33x45, other backends the --example shape, the only one they take)')
     p.add_argument('--tol', type=float, default=1e-4, help='max relative error allowed by --verify')
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.precision and args.backend != 'coreml':
+        p.error('--precision applies to --backend coreml only')
+    if args.opset != DEFAULT_OPSET and args.backend != 'onnx':
+        p.error('--opset applies to --backend onnx only')
+    onnx = args.backend == 'onnx'
+    args.example = args.example or ((2, 224, 256) if onnx else (1, 512, 512))
+    if args.verify is None:
+        args.verify = [(1, 97, 131), (3, 61, 300), (1, 33, 45)] if onnx else [args.example]
+    return args
 
 
 @tool_main
@@ -67,6 +87,10 @@ def main(argv=None) -> int:
     except ValueError as err:  # the part does not exist in this model (no neck; a two-stage detector's 'model')
         print(f'error: {err}', file=sys.stderr)
         return 2
+    if args.backend != 'onnx':
+        from ..deploy.backends import export_main
+        return export_main(part, args.backend, args.out, args.example, args.verify, args.tol,
+                           **({'precision': args.precision} if args.precision else {}))
     b, h, w = args.example
     example = example_input(b, (h, w), channels=getattr(part.backbone, 'in_channels', 3))
     t = time.perf_counter()

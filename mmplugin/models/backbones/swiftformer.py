@@ -34,6 +34,19 @@ __all__ = ['SwiftFormer', 'SwiftFormerEncoder', 'SwiftFormerStage', 'EfficientAd
            'LocalRepresentation', 'ConvMlp', 'ConvNormAct']
 
 
+def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """``F.normalize(x, dim=-1, eps=eps)`` of tokens ``x (B, N, C)``, i.e. ``x / max(||x||_2, eps)``, written as
+    ``x * rsqrt(max(C * mean(x * x), eps^2))`` with the mean over a ``(B, N, C, 1)`` view's last two dims.
+
+    Same value up to rounding (float64: ~1e-16 relative). Every op has a mobile-delegate kernel (XNNPACK lowers
+    the mean to global average pooling; it has no ``sum``), where ``F.normalize`` lowers to ``pow(0.5)``, ``sum``
+    and ``expand_copy`` and splits the exported graph into many segments.
+    """
+    b, n, c = x.shape
+    sq = (x * x).reshape(b, n, c, 1).mean((2, 3), keepdim=True).reshape(b, n, 1) * c
+    return x * torch.rsqrt(torch.clamp_min(sq, eps * eps))
+
+
 class EfficientAdditiveAttention(nn.Module):
     """Efficient additive attention on tokens ``x`` of shape ``(B, N, C)`` (paper eq. 4-6).
 
@@ -56,14 +69,12 @@ class EfficientAdditiveAttention(nn.Module):
         self.final = nn.Linear(dim, dim)
 
     def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None) -> torch.Tensor:
-        c = x.shape[-1]
-        qk = F.linear(x, torch.cat((self.to_query.weight, self.to_key.weight)),
-                      torch.cat((self.to_query.bias, self.to_key.bias)))  # one GEMM for both projections
-        q = F.normalize(qk[..., :c], dim=-1)  # (B, N, C)
-        k = F.normalize(qk[..., c:], dim=-1)  # (B, N, C)
+        q = l2_normalize(self.to_query(x))  # (B, N, C); two GEMMs on constant weights (exports take those)
+        k = l2_normalize(self.to_key(x))  # (B, N, C)
         if self.token_weighting == 'l2norm':
-            a = F.normalize((q @ self.w_g) * self.scale, dim=1)  # (B, N, 1)
-            g = a.transpose(1, 2) @ q  # (B, 1, C)
+            a = (q @ self.w_g) * self.scale  # (B, N, 1), normalised over the N tokens: a / max(||a||, 1e-12)
+            a = a * torch.rsqrt(torch.clamp_min(torch.bmm(a.transpose(1, 2), a), 1e-24))
+            g = torch.bmm(a.transpose(1, 2), q)  # (B, 1, C); bmm, not @: no expand in the exported graph
         else:
             g = q.sum(dim=1, keepdim=True)
         out = self.proj(g * k).add_(q)
