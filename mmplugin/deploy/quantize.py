@@ -173,20 +173,26 @@ def quantize_pt2e(module: nn.Module, calibration: Sequence[torch.Tensor], keep_f
 
 def float_modules_in_graph(graph: torch.fx.GraphModule, module_type: str) -> tuple[int, int]:
     """``(float, quantised)`` counts of compute nodes (mul / linear / conv / add) recorded under modules of class
-    ``module_type`` in a converted PT2E graph: a node is quantised when a dequantize feeds it."""
+    ``module_type`` in a converted PT2E graph. A node is quantised when every tensor input comes from a
+    dequantize and its output goes to a quantize (the int8 pattern a delegate fuses); a float node reads at least
+    one float tensor or writes a float one (its inputs may still be dequantised outputs of quantised producers)."""
     float_n = quant_n = 0
     for node in graph.graph.nodes:
-        if node.op != 'call_function':
-            continue
         name = str(node.target)
-        if not any(k in name for k in ('mul', 'linear', 'conv', 'add')) or 'quantize' in name:
+        if node.op != 'call_function' or 'quantize' in name:
+            continue
+        if not any(k in name for k in ('mul', 'linear', 'conv', 'add')):
             continue
         stack = node.meta.get('nn_module_stack') or {}
-        if not any(module_type in str(t) for _, t in stack.values()):
+        if not any(str(t).split('.')[-1].strip("'>") == module_type for _, t in stack.values()):
             continue
-        fed = any(isinstance(a, torch.fx.Node) and 'dequantize' in str(a.target) for a in node.args)
-        quant_n += fed
-        float_n += not fed
+        inputs = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        if 'linear' in name or 'conv' in name:
+            inputs = inputs[:1]  # the activation (weights are dequantised constants or float parameters)
+        deq_in = bool(inputs) and all('dequantize' in str(a.target) for a in inputs)
+        q_out = any('quantize' in str(u.target) and 'dequantize' not in str(u.target) for u in node.users)
+        quant_n += deq_in and q_out
+        float_n += not (deq_in and q_out)
     return float_n, quant_n
 
 
