@@ -159,3 +159,17 @@ def test_onnxruntime_int8_close_to_fp32_and_float_nodes_excluded(tmp_path):
     got = OrtRunner(info['path'])(x)
     assert Q.cosine(got, ref) >= MIN_COSINE
     assert _max_rel(got, ref) > QUANTISED_DIFF
+
+
+def test_tool_rejects_bad_arguments(capsys):
+    import importlib.util as iu
+    spec = iu.spec_from_file_location('quantize_tool', osp.join(ROOT, 'tools', 'quantize.py'))
+    tool = iu.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    with pytest.raises(SystemExit):
+        tool.parse_args(['c.py', 'w.pth', '--backend', 'tflite'])
+    with pytest.raises(SystemExit):
+        tool.parse_args(['c.py', 'w.pth', '--backend', 'xnnpack', '--num-calib', '0'])
+    assert '--num-calib must be >= 1' in capsys.readouterr().err
+    assert tool.main(['missing.py', 'w.pth', '--backend', 'xnnpack']) == 2
+    assert 'config file not found' in capsys.readouterr().err
