@@ -173,3 +173,39 @@ def test_tool_rejects_bad_arguments(capsys):
     assert '--num-calib must be >= 1' in capsys.readouterr().err
     assert tool.main(['missing.py', 'w.pth', '--backend', 'xnnpack']) == 2
     assert 'config file not found' in capsys.readouterr().err
+
+
+@needs_ort
+@pytest.mark.numeric
+def test_metric_path_scores_the_int8_model(tmp_path):
+    """evaluate_int8 on a tiny Semantic FPN (random weights, 4 training / 3 validation images of 64 px): the int8
+    backbone + neck really produced every scored prediction (3 images through it), both metric dicts come from
+    the same evaluator, and mIoU moves by at most 10 points: with random weights many pixels sit on near-ties of
+    the argmax, so an output cosine >= 0.98 (module docstring) can still flip a few per cent of the pixels."""
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    from mmseg.registry import MODELS
+
+    from mmplugin.demo.synthetic import make_semantic_dataset
+    from mmplugin.deploy.quantize_eval import evaluate_int8
+    root = str(tmp_path / 'shapes_ade') + '/'
+    make_semantic_dataset(root, num_train=4, num_val=3, size=64)
+    config = osp.join(ROOT, 'configs/demo/swiftformer_xs_semfpn_shapes.py')
+    loader = dict(num_workers=0, persistent_workers=False, dataset=dict(data_root=root))
+    options = dict(model=dict(data_preprocessor=dict(size=(64, 64)), backbone=dict(arch=ARCH),
+                              neck=dict(in_channels=ARCH['embed_dims'], out_channels=16),
+                              decode_head=dict(in_channels=[16] * 4, channels=8)),
+                   train_dataloader=loader, val_dataloader=loader, test_dataloader=loader)
+    cfg = Config.fromfile(config)
+    cfg.merge_from_dict(options)
+    init_default_scope('mmseg')
+    torch.manual_seed(0)
+    model = randomize_(MODELS.build(cfg.model), seed=2)
+    ckpt = str(tmp_path / 'tiny.pth')
+    torch.save(dict(state_dict=model.state_dict()), ckpt)
+    res = evaluate_int8(config, ckpt, backend='onnxruntime', num_calib=2, work_dir=str(tmp_path / 'work'),
+                        cfg_options=options)
+    assert res['int8_images'] == 3
+    assert set(res['fp32']) == set(res['int8']) and 'mIoU' in res['fp32']
+    assert abs(res['fp32']['mIoU'] - res['int8']['mIoU']) <= 10
+    assert osp.isfile(res['path'])

@@ -78,9 +78,11 @@ class _Int8Features(nn.Module):
     def __init__(self, runner: Callable):
         super().__init__()
         self.runner = runner
+        self.images = 0  # images run so far (the metric path reports it)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         outs = [self.runner(x[i:i + 1]) for i in range(x.shape[0])]
+        self.images += x.shape[0]
         return tuple(torch.cat([o[k] for o in outs]) for k in range(len(outs[0])))
 
 
@@ -164,7 +166,7 @@ def evaluate_int8(config: str, checkpoint: str, backend: str = 'xnnpack', part: 
 
     fp32 first (the model as built), then :func:`quantize_checkpoint` and :func:`install_int8`, then the same test
     loop again. Returns :func:`quantize_checkpoint`'s dict (without the runners) plus ``fp32`` (None with
-    ``skip_fp32``) and ``int8`` metric dicts.
+    ``skip_fp32``) and ``int8`` metric dicts, and ``int8_images``: how many test images went through the int8 part.
     """
     _check(backend, part)
     work_dir = work_dir or osp.join('work_dirs', 'int8', osp.splitext(osp.basename(config))[0])
@@ -175,7 +177,7 @@ def evaluate_int8(config: str, checkpoint: str, backend: str = 'xnnpack', part: 
     install_int8(runner.model, info.pop('runner'), part)
     info.pop('runner_obj')
     int8 = dict(runner.test())
-    return dict(info, fp32=fp32, int8=int8)
+    return dict(info, fp32=fp32, int8=int8, int8_images=runner.model.backbone.images)
 
 
 def _median_ms(fn: Callable, x: torch.Tensor) -> Callable[[], float]:
