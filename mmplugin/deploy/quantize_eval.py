@@ -111,7 +111,7 @@ def _load_runner(config: str, checkpoint: str, work_dir: str, cfg_options: dict 
     from ..checkpoint import check_checkpoint_fits, load_checkpoint_file
     cfg = Config.fromfile(config)
     if cfg_options:
-        cfg.merge_from_dict(cfg_options)
+        cfg.merge_from_dict(copy.deepcopy(cfg_options))  # merging pops _delete_ markers
     cfg.work_dir = work_dir
     cfg.load_from = None
     cfg.model.get('backbone', {}).pop('init_cfg', None)  # weights come from the checkpoint
