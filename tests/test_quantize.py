@@ -129,7 +129,7 @@ def test_kept_float_modules_stay_float_in_the_graph():
     default = Q.quantize_pt2e(ready, calib)
     f, q = Q.float_modules_in_graph(default, 'L2Norm')
     assert f > 0 and q == 0
-    f_conv, q_conv = Q.float_modules_in_graph(default, 'ConvEncoder')
+    _, q_conv = Q.float_modules_in_graph(default, 'ConvEncoder')
     assert q_conv > 0
     f, q = Q.float_modules_in_graph(Q.quantize_pt2e(ready, calib, 'none'), 'L2Norm')
     assert q > 0

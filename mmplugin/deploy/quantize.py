@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ['KEEP_FLOAT_PRESETS', 'DEFAULT_KEEP_FLOAT', 'L2Norm', 'Int8AdditiveAttention', 'int8_ready',
-           'resolve_keep_float', 'quantize_pt2e', 'float_modules_in_graph', 'export_xnnpack', 'PteRunner']
+           'resolve_keep_float', 'quantize_pt2e', 'float_modules_in_graph', 'export_xnnpack', 'PteRunner',
+           'cosine']
 
 #: named choices of what stays float; values are module class names (matched against ``type(m).__name__``)
 KEEP_FLOAT_PRESETS = {

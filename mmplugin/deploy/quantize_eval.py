@@ -27,8 +27,8 @@ from .quantize import DEFAULT_KEEP_FLOAT, PteRunner, cosine, export_xnnpack, int
 BACKENDS = ('xnnpack', 'onnxruntime')
 INT8_PARTS = ('backbone', 'backbone+neck')
 
-__all__ = ['BACKENDS', 'INT8_PARTS', 'calibration_images', 'build_int8_part', 'install_int8', 'quantize_checkpoint', 'evaluate_int8',
-           'int8_rows']
+__all__ = ['BACKENDS', 'INT8_PARTS', 'calibration_images', 'build_int8_part', 'install_int8', 'quantize_checkpoint',
+           'evaluate_int8', 'int8_rows']
 
 
 def calibration_images(runner, model: nn.Module, num: int = 32) -> list[torch.Tensor]:
