@@ -86,8 +86,13 @@ class OrtRunner:
     """``runner(x) -> tuple of tensors`` for an ONNX file on onnxruntime's CPU provider."""
 
     def __init__(self, path: str):
-        from . import onnx_session
-        self.session = onnx_session(path)
+        import onnxruntime as ort
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        # no busy-waiting of the intra-op threads between runs: they would take the cores from PyTorch when the
+        # two alternate in one process (timing, or an int8 backbone inside a float model)
+        opts.add_session_config_entry('session.intra_op.allow_spinning', '0')
+        self.session = ort.InferenceSession(path, opts, providers=['CPUExecutionProvider'])
 
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         outs = self.session.run(None, {'input': np.ascontiguousarray(x.detach().float().numpy())})
