@@ -118,7 +118,7 @@ def measure(name: str, size: int = 512, rounds: int = 10, threads: int = 2, work
     for row in rows:
         if row.rel_error is None and not row.metric:
             row.rel_error = max_rel_error(flatten_outputs(row.run(example)), ref)
-    times = interleaved({i: (lambda r=row: r.run(example)) for i, row in enumerate(rows)}, rounds)
+    times = interleaved({i: (lambda r=row: r.run(example)) for i, row in enumerate(rows)}, rounds, settle=0.3)
     for i, row in enumerate(rows):
         row.ms = times[i] * 1e3
     return rows, notes

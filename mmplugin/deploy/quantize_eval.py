@@ -233,3 +233,30 @@ def int8_rows(model_part: nn.Module, example: torch.Tensor, calibration: Sequenc
                  size_mb=round(sizes[k], 2), cosine=round(cos[k], 5),
                  metric=metric.get('fp32' if k == 'eager fp32' else k.split()[0]),
                  threads=torch.get_num_threads()) for k in runners]
+
+
+def table_rows(name: str, part: nn.Module, example: torch.Tensor, workdir: str) -> list:
+    """Row builder for ``tools/edge_table.py --rows mmplugin.deploy.quantize_eval:table_rows``: the XNNPACK int8
+    program (and the onnxruntime one where onnxruntime is installed) of ``part``, calibrated on 8 random images
+    (latency does not depend on the weights' values); the rows report the output cosine against fp32 eager (task
+    metrics: :func:`evaluate_int8`)."""
+    from .bench import Row
+    from .quantize import cosine
+    from ..deploy import flatten_outputs
+    g = torch.Generator().manual_seed(0)
+    calibration = [torch.randn(example.shape, generator=g) for _ in range(8)]
+    with torch.inference_mode():
+        ref = flatten_outputs(part(example))
+    rows = []
+    for backend in BACKENDS:
+        ext = '.pte' if backend == 'xnnpack' else '.onnx'
+        out = osp.join(workdir, f'{name}_{backend}_int8{ext}')
+        try:
+            built = build_int8_part(part, calibration, backend, out)
+        except ImportError as err:  # that runtime is not installed
+            print(f'note: {backend} int8 skipped: {err}')
+            continue
+        cos = cosine(flatten_outputs(built['runner'](example)), ref)
+        rows.append(Row(f'{backend} int8', built['runner'], os.path.getsize(out), metric=f'cosine {cos:.4f}'))
+    return rows
+

@@ -6,12 +6,15 @@ import time
 from typing import Callable
 
 
-def interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+def interleaved(fns: dict[str, Callable[[], object]], rounds: int, settle: float = 0.0) -> dict[str, float]:
     """Median seconds per call of each zero-argument function.
 
     One warm-up call each, then ``rounds`` rounds that call every function once in turn, so that a slow spell of the
     machine hits all of them alike (ratios stay meaningful on a noisy 2-core CPU where absolute times drift).
-    A function that runs asynchronous work (CUDA) must synchronise before it returns.
+    A function that runs asynchronous work (CUDA) must synchronise before it returns. ``settle`` seconds of sleep
+    (untimed) before each call let the previous function's worker threads stop spinning: runtimes with their own
+    thread pools (onnxruntime, XNNPACK, OpenMP) keep them busy-waiting for a while after a call, which on a 2-core
+    machine takes the cores from whatever runs next.
     """
     if rounds < 1:
         raise ValueError(f'rounds must be >= 1, got {rounds}')
@@ -20,6 +23,8 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, 
         fn()
     for _ in range(rounds):
         for k, fn in fns.items():
+            if settle:
+                time.sleep(settle)
             t = time.perf_counter()
             fn()
             times[k].append(time.perf_counter() - t)
