@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os.path as osp
-import sys
 
 from ..utils.cli import run_tool, tool_main
 

@@ -23,7 +23,7 @@ import os.path as osp
 import sys
 import time
 
-from ..utils.cli import run_tool, tool_main
+from ..utils.cli import require_files, run_tool, tool_main
 
 
 def _shape(s: str) -> tuple[int, ...]:
@@ -74,10 +74,7 @@ def parse_args(argv=None):
 @tool_main
 def main(argv=None) -> int:
     args = parse_args(argv)
-    for what, path in (('config', args.config), ('checkpoint', args.checkpoint)):
-        if path and not osp.isfile(path):
-            print(f'error: {what} file not found: {path}', file=sys.stderr)
-            return 2
+    require_files(('config', args.config), ('checkpoint', args.checkpoint))
     from ..apis import build_model
     from ..deploy import ExportPart, example_input, export_onnx, onnx_parity
     model = build_model(args.config, args.checkpoint, part=args.part, cfg_options=args.cfg_options,

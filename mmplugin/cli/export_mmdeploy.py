@@ -25,7 +25,7 @@ import sys
 import time
 
 from ..config_scope import config_root
-from ..utils.cli import run_tool, tool_main
+from ..utils.cli import require_files, run_tool, tool_main
 
 
 def _size(s: str) -> tuple[int, int]:
@@ -59,11 +59,8 @@ def parse_args(argv=None):
 @tool_main
 def main(argv=None) -> int:
     args = parse_args(argv)
-    for what, path in (('config', args.config), ('checkpoint', args.checkpoint), ('deploy config', args.deploy_cfg),
-                       ('image', args.image)):
-        if path and not osp.isfile(path):
-            print(f'error: {what} file not found: {path}', file=sys.stderr)
-            return 2
+    require_files(('config', args.config), ('checkpoint', args.checkpoint), ('deploy config', args.deploy_cfg),
+                       ('image', args.image))
     try:
         import mmdeploy  # noqa: F401
     except ImportError:

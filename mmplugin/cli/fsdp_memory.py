@@ -11,15 +11,13 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os.path as osp
-import sys
 
 from ..utils.cli import run_tool, tool_main
 
 
 @tool_main
 def main(argv=None) -> int:
-    from mmengine.config import Config, DictAction
+    from mmengine.config import DictAction
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config')
     p.add_argument('--step-size', type=int, default=None, help='also run one training step on an NxN image')
@@ -32,12 +30,8 @@ def main(argv=None) -> int:
     import mmplugin  # noqa: F401
     from ..utils.ddp import DEFAULT_DIST_TIMEOUT_S
     from ..utils.fsdp import fsdp_memory_report
-    if not osp.isfile(args.config):
-        print(f'error: config file not found: {args.config}', file=sys.stderr)
-        return 2
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
+    from ..apis import load_config
+    cfg = load_config(args.config, args.cfg_options)  # a missing file: one error line (tool_main)
     dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo',
                             timeout=datetime.timedelta(seconds=DEFAULT_DIST_TIMEOUT_S))
     try:

@@ -22,7 +22,6 @@ import json
 import math
 import os.path as osp
 import statistics
-import sys
 import time
 
 from ..config_scope import config_root

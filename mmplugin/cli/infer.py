@@ -21,7 +21,7 @@ import os
 import os.path as osp
 import sys
 
-from ..utils.cli import run_tool, tool_main
+from ..utils.cli import add_inference_options, require_files, run_tool, tool_main
 
 
 def _fits(cfg, ckpt, args) -> bool:
@@ -58,12 +58,7 @@ def _parse(argv):
                    help='override config entries, key=value (as tools/train.py and tools/test.py)')
     p.add_argument('--allow-partial', action='store_true',
                    help='run even if the checkpoint does not fit the model (missing keys stay random)')
-    p.add_argument('--compile', action='store_true',
-                   help='torch.compile the backbone and neck (fullgraph, dynamic shapes); pays off on GPUs')
-    p.add_argument('--fast', nargs='?', const='auto', choices=('auto', 'bf16', 'fp16'), default=None,
-                   help='backbone + neck in reduced precision, heads fp32 (auto: bf16 on CPUs with AVX512-BF16/AMX '
-                        'and on Ampere+ GPUs, fp16 on older GPUs; fp32 with a warning elsewhere). Before positional '
-                        'arguments write --fast=MODE')
+    add_inference_options(p)
     args = p.parse_args(argv)
     if args.no_draw and args.out:
         p.error('--no-draw and --out contradict each other')
@@ -77,12 +72,9 @@ def main(argv=None) -> int:
     args = _parse(argv)
     import mmplugin  # noqa: F401
 
-    from ..checkpoint import CheckpointError, is_url, load_checkpoint_file
+    from ..checkpoint import CheckpointError, load_checkpoint_file
     from ..utils.predictions import InferenceWriter, PredictionOutputError, list_images
-    for what, path in (('config', args.config), ('checkpoint', args.checkpoint)):
-        if not osp.isfile(path) and not (what == 'checkpoint' and is_url(path)):
-            print(f'error: {what} file not found: {path}', file=sys.stderr)
-            return 2
+    require_files(('config', args.config), ('checkpoint', args.checkpoint), urls=True)
     try:
         images = list_images(args.image)
     except PredictionOutputError as err:

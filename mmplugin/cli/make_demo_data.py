@@ -4,7 +4,6 @@
 """
 import argparse
 import os.path as osp
-import sys
 import time
 
 from ..utils.cli import run_tool, tool_main

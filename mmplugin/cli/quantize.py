@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os.path as osp
 import sys
 
-from ..utils.cli import run_tool, tool_main
+from ..utils.cli import require_files, run_tool, tool_main
 
 def parse_args(argv=None):
     from mmengine.config import DictAction
@@ -43,10 +42,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import mmplugin  # noqa: F401
     from ..deploy.quantize_eval import evaluate_int8, quantize_checkpoint
-    for what, path in (('config', args.config), ('checkpoint', args.checkpoint)):
-        if not osp.isfile(path):
-            print(f'error: {what} file not found: {path}', file=sys.stderr)
-            return 2
+    require_files(('config', args.config), ('checkpoint', args.checkpoint))
     kw = dict(backend=args.backend, part=args.part, keep_float=args.keep_float, num_calib=args.num_calib,
               work_dir=args.out, cfg_options=args.cfg_options)
     try:

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import os.path as osp
 import sys
 
-from ..utils.cli import run_tool, tool_main
+from ..utils.cli import add_inference_options, require_files, run_tool, tool_main
 
 
 def parse_args(argv=None):
@@ -37,12 +36,7 @@ def parse_args(argv=None):
                         'bbox / segm; PNG label maps for segmentors)')
     p.add_argument('--out-dir', help='folder of the --format-only files')
     p.add_argument('--out', help='dump the raw predictions to this .pkl file (as mmdet\'s / mmseg\'s test tools)')
-    p.add_argument('--compile', action='store_true',
-                   help='torch.compile the backbone and neck (fullgraph, dynamic shapes); pays off on GPUs')
-    p.add_argument('--fast', nargs='?', const='auto', choices=('auto', 'bf16', 'fp16'), default=None,
-                   help='backbone + neck in reduced precision, heads fp32 (auto: bf16 on CPUs with AVX512-BF16/AMX '
-                        'and on Ampere+ GPUs, fp16 on older GPUs; fp32 with a warning elsewhere). Before positional '
-                        'arguments write --fast=MODE')
+    add_inference_options(p)
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
     p.add_argument('--allow-partial', action='store_true',
                    help='evaluate even if the checkpoint does not fit the model (missing keys stay random)')
@@ -81,14 +75,11 @@ def main(argv=None) -> int:
     from mmengine.runner import Runner
 
     from ..apis import checkpoint_fit, load_config
-    from ..checkpoint import is_url, load_checkpoint_file
+    from ..checkpoint import load_checkpoint_file
     from ..utils import check_datasets, prepare_runner_cfg
     from ..utils.evaluation import add_dump_metric, check_dump_path, is_segmentor_cfg
 
-    for what, path in (('config', args.config), ('checkpoint', args.checkpoint)):
-        if not osp.isfile(path) and not (what == 'checkpoint' and is_url(path)):
-            print(f'error: {what} file not found: {path}', file=sys.stderr)
-            return 2
+    require_files(('config', args.config), ('checkpoint', args.checkpoint), urls=True)
     cfg = load_config(args.config, args.cfg_options)
     check_datasets(cfg, splits=('test', ))  # user errors end as one line (mmplugin.utils.cli)
     ckpt = load_checkpoint_file(args.checkpoint)  # fail fast, with a clear message, on a bad file

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import os.path as osp
 import sys
 
 from ..utils.cli import run_tool, tool_main
@@ -38,17 +37,12 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     import mmplugin  # noqa: F401  registers the backbones, safe checkpoint loading
-    from mmengine.config import Config
 
     from ..checkpoint import CheckpointError
     from ..utils import DatasetConfigError, build_runner, check_datasets, prepare_runner_cfg
 
-    if not osp.isfile(args.config):
-        print(f'error: config file not found: {args.config}', file=sys.stderr)
-        return 2
-    cfg = Config.fromfile(args.config)
-    if args.cfg_options:
-        cfg.merge_from_dict(args.cfg_options)
+    from ..apis import load_config
+    cfg = load_config(args.config, args.cfg_options)  # a missing file: one error line (tool_main)
     try:
         check_datasets(cfg, splits=('train', 'val') if cfg.get('val_cfg') else ('train', ))
     except DatasetConfigError as err:

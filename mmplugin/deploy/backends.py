@@ -175,16 +175,8 @@ def parity(module: nn.Module, runner: Runner, shapes: Sequence[tuple[int, int, i
            seed: int = 0) -> dict[tuple[int, ...], float]:
     """Max relative error (:func:`mmplugin.deploy.max_rel_error`) of ``runner`` against eager ``module``
     (the original, not the deploy copy) for seeded random inputs of each ``(B, C, H, W)``."""
-    from . import flatten_outputs, max_rel_error
-    g = torch.Generator().manual_seed(seed)
-    errs = {}
-    module = module.eval()
-    for shape in shapes:
-        x = torch.randn(*shape, generator=g)
-        with torch.no_grad():
-            ref = flatten_outputs(module(x))
-        errs[tuple(shape)] = max_rel_error(runner(x), ref)
-    return errs
+    from .onnx import parity_against_eager
+    return parity_against_eager(module, runner, shapes, seed)
 
 
 def file_size(path: str) -> int:

@@ -69,6 +69,14 @@ def onnx_parity(module: nn.Module, path: str, shapes: Sequence[tuple[int, int, i
                 session=None) -> dict[tuple[int, ...], float]:
     """Max relative error of onnxruntime against eager ``module`` for random inputs of each ``(B, C, H, W)``."""
     sess = session or onnx_session(path)
+    return parity_against_eager(
+        module, lambda x: [torch.from_numpy(o) for o in sess.run(None, {'input': x.numpy()})], shapes, seed)
+
+
+def parity_against_eager(module: nn.Module, runner, shapes: Sequence[tuple[int, ...]],
+                         seed: int = 0) -> dict[tuple[int, ...], float]:
+    """Max relative error of ``runner(x) -> outputs`` (an exported program of any runtime) against eager
+    ``module`` for seeded random inputs ``x`` of each shape ``(B, C, H, W)``."""
     g = torch.Generator().manual_seed(seed)
     errs = {}
     module = module.eval()
@@ -76,6 +84,5 @@ def onnx_parity(module: nn.Module, path: str, shapes: Sequence[tuple[int, int, i
         x = torch.randn(*shape, generator=g)
         with torch.no_grad():
             ref = flatten_outputs(module(x))
-        got = sess.run(None, {'input': x.numpy()})
-        errs[tuple(shape)] = max_rel_error([torch.from_numpy(o) for o in got], ref)
+        errs[tuple(shape)] = max_rel_error(runner(x), ref)
     return errs

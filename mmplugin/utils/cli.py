@@ -143,6 +143,26 @@ def user_error_message(err: BaseException) -> str | None:
     return text.strip()
 
 
+def add_inference_options(p) -> None:
+    """``--compile`` and ``--fast [MODE]`` of tools/test.py and tools/infer.py (:mod:`mmplugin.inference`)."""
+    p.add_argument('--compile', action='store_true',
+                   help='torch.compile the backbone and neck (fullgraph, dynamic shapes); pays off on GPUs')
+    p.add_argument('--fast', nargs='?', const='auto', choices=('auto', 'bf16', 'fp16'), default=None,
+                   help='backbone + neck in reduced precision, heads fp32 (auto: bf16 on CPUs with AVX512-BF16/AMX '
+                        'and on Ampere+ GPUs, fp16 on older GPUs; fp32 with a warning elsewhere). Before positional '
+                        'arguments write --fast=MODE')
+
+
+def require_files(*named: tuple[str, str | None], urls: bool = False) -> None:
+    """Raise ``FileNotFoundError('<what> file not found: <path>')`` (one ``error:`` line through
+    :func:`tool_main`) for the first ``(what, path)`` whose file is missing; ``None`` paths are optional, and with
+    ``urls`` a checkpoint may be a URL (downloaded later)."""
+    from ..checkpoint import is_url
+    for what, path in named:
+        if path and not os.path.isfile(path) and not (urls and what == 'checkpoint' and is_url(path)):
+            raise FileNotFoundError(f'{what} file not found: {path}')
+
+
 def tool_main(main: Callable[..., object]) -> Callable[..., object]:
     """Wrap a tool's ``main(argv=None)``: user errors print ``error: <message>`` on stderr and return 2.
 
