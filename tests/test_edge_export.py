@@ -148,17 +148,53 @@ def test_export_cli_argument_errors():
     assert out.returncode == 2 and '--rounds and --threads >= 1' in out.stderr, out.stderr[-500:]
 
 
+class _Upsample(torch.nn.Module):
+    def __init__(self, **kwargs):
+        super().__init__()
+        self.kwargs = kwargs
+
+    def forward(self, x):
+        return F.interpolate(x, mode='nearest', **self.kwargs)
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize('kwargs', [dict(scale_factor=2), dict(size=(18, 14)), dict(size=(6, 21)),
+                                    dict(scale_factor=1), dict(size=(9, 10)), dict(scale_factor=1.5)])
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
+def test_nearest_rewrite_is_bit_identical(kwargs, dtype):
+    """The export-time rewrite of nearest upsampling (replication at integer factors; the original op otherwise)
+    gives exactly ``F.interpolate``'s values, non-finite ones included, and leaves no nearest op behind at integer
+    factors (XNNPACK has none)."""
+    from mmplugin.deploy.rewrites import for_delegates
+    x = torch.randn(2, 3, 6, 7, dtype=dtype)
+    x[0, 1, 2, 3], x[1, 0, 5, 6], x[1, 2, 0, 0] = float('nan'), float('inf'), -0.0
+    module = _Upsample(**kwargs)
+    program = for_delegates(torch.export.export(module, (x, )))
+    ops = {str(n.target) for n in program.graph.nodes if n.op == 'call_function'}
+    out_hw = F.interpolate(x, mode='nearest', **kwargs).shape[-2:]
+    integer = all(o % i == 0 for o, i in zip(out_hw, x.shape[-2:]))
+    assert integer == (not any('upsample_nearest2d' in op for op in ops)), ops
+    y = torch.randn_like(x)  # a second input: the program is not specialised to the example's values
+    for inp in (x, y):
+        got, want = program.module()(inp), module(inp)
+        assert got.shape == want.shape
+        assert torch.equal(torch.isnan(got), torch.isnan(want))
+        assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))  # bitwise, +-inf included
+        assert torch.equal(torch.signbit(got), torch.signbit(want))
+
+
 # ---------------------------------------------------------------------------------------------------- runtimes
 
 @pytest.mark.numeric
 @pytest.mark.slow  # conversion: ~1-5 min on 2 shared cores
 def test_executorch_segmentor_xnnpack_parity(tmp_path):
-    """Whole Semantic FPN segmentor in one .pte: XNNPACK takes every conv / linear; eager parity."""
+    """Whole Semantic FPN segmentor in one .pte and one XNNPACK segment (the neck's nearest upsampling rewritten),
+    eager parity."""
     _skip_unless('executorch')
     part = ExportPart(_tiny_segmentor(), 'model').eval()
     info, errs = backends.export_and_check(part, 'executorch', str(tmp_path / 'seg.pte'), torch.randn(*SIZE))
-    assert info['delegates'] >= 1 and info['bytes'] > 0
-    assert not any('convolution' in op or op.startswith('aten.linear') or 'addmm' in op
+    assert info['delegates'] == 1 and info['bytes'] > 0, info
+    assert not any('upsample' in op or 'convolution' in op or op.startswith('aten.linear') or 'addmm' in op
                    for op in info['portable_ops']), info['portable_ops']  # no conv / GEMM left undelegated
     assert max(errs.values()) <= FP32_PARITY, errs
 

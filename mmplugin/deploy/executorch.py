@@ -2,8 +2,9 @@
 
 Capture: ``torch.export`` at the example's fixed shape, then ``to_edge_transform_and_lower`` with the
 ``XnnpackPartitioner``: the ops XNNPACK takes run in its delegate segments, the rest in ExecuTorch's portable
-kernels (SwiftFormer's additive attention is written so that each block is one segment; Swin's window index
-arithmetic stays portable). Works with
+kernels (SwiftFormer's additive attention is written so that each block is one segment; the necks' nearest
+upsampling is rewritten exactly into ops XNNPACK takes, :mod:`mmplugin.deploy.rewrites`, so a SwiftFormer Semantic
+FPN is one segment; Swin's window index arithmetic stays portable). Works with
 executorch 1.5.1 (+ torchao 0.18) on torch 2.13; the model must be in deploy form
 (:func:`mmplugin.deploy.backends.prepare`): XNNPACK takes only constant weights.
 """
@@ -48,7 +49,8 @@ def export(module: nn.Module, out: str, example: torch.Tensor) -> dict:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    ep = torch.export.export(module, (example, ))
+    from .rewrites import for_delegates
+    ep = for_delegates(torch.export.export(module, (example, )))
     edge = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
     ops = graph_ops(edge)
     delegates = ops.pop('executorch_call_delegate', 0)

@@ -164,7 +164,8 @@ def quantize_pt2e(module: nn.Module, calibration: Sequence[torch.Tensor], keep_f
         if tuple(x.shape) != shape:
             raise ValueError(f'calibration image {i} has shape {tuple(x.shape)}; the export size is {shape}')
     quantizer = _quantizer(module, keep_float)
-    graph = torch.export.export(module.eval(), (example, ), strict=False).module()
+    from .rewrites import for_delegates
+    graph = for_delegates(torch.export.export(module.eval(), (example, ), strict=False)).module()
     prepared = prepare_pt2e(graph, quantizer)
     with torch.no_grad():
         for x in calibration:
@@ -202,7 +203,8 @@ def export_xnnpack(module: nn.Module, example: torch.Tensor, out: str) -> str:
     import executorch.kernels.quantized  # noqa: F401  (registers the quantized ops that to_executorch needs)
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
-    program = torch.export.export(module, (example, ), strict=False)
+    from .rewrites import for_delegates
+    program = for_delegates(torch.export.export(module, (example, ), strict=False))
     edge = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
     et = edge.to_executorch()
     with open(out, 'wb') as f:
