@@ -264,3 +264,19 @@ def test_edge_table_rows_from_builders(tmp_path):
     assert 'CPU: ' in text and '| swiftformer_xs | int8 (metric) |' in text and 'mIoU 1.0' in text
     with pytest.raises(ValueError, match='module:function'):
         bench.row_builder('no_colon')
+
+
+def test_segmentor_breakdown_parts_add_up():
+    """The per-part table covers the whole segmentor: the parts' MACs add up to the whole model's count (mmengine's
+    analyzer on the exported 'model' part), and each part is timed."""
+    from mmplugin.analysis.complexity import _analyzer
+    from mmplugin.deploy import bench
+    from mmplugin.deploy.breakdown import PARTS, breakdown_table, segmentor_breakdown
+    res = segmentor_breakdown('swiftformer_xs_semfpn', size=64, rounds=1, threads=1)
+    assert [r['part'] for r in res['rows']] == list(PARTS)
+    whole = _analyzer(bench.build_part('swiftformer_xs_semfpn'), torch.randn(1, 3, 64, 64)).total()
+    assert sum(r['gmacs'] for r in res['rows']) * 1e9 == pytest.approx(whole, rel=1e-12)
+    assert all(r['ms'] > 0 and r['gmacs'] > 0 for r in res['rows']) and res['peak_gflops'] > 0
+    assert 'swiftformer_xs_semfpn' in breakdown_table('swiftformer_xs_semfpn', res, 64, 1, 1)
+    with pytest.raises(ValueError, match='segmentors'):
+        segmentor_breakdown('swiftformer_xs')
