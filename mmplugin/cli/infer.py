@@ -121,8 +121,10 @@ def main(argv=None) -> int:
             model.dataset_meta = DATASETS.build(dict(cfg.test_dataloader.dataset, lazy_init=True)).metainfo
         infer = inference_detector
     if args.fast:
+        from ..inference.allocator import retained as memory_retained
         dtype = enable_fast_inference(model, args.fast, args.device)
-        print(f'--fast {args.fast}: backbone + neck in {dtype or "torch.float32"}, heads in torch.float32')
+        print(f'--fast {args.fast}: backbone + neck in {dtype or "torch.float32"}, heads in torch.float32'
+              + ('; freed memory kept in the process (glibc)' if memory_retained() else ''))
     if args.compile:
         compile_backbone_and_neck(model)
     try:

@@ -74,7 +74,9 @@ def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.de
     ``'auto'`` = :func:`native_low_precision` (a warning and fp32 where the device has none), ``'bf16'`` /
     ``'fp16'`` = that dtype even where it is emulated (to measure its accuracy cost). Works for mmdet detectors
     and mmseg segmentors (both route images through ``extract_feat``); the model's weights stay fp32, so
-    checkpoints and ``state_dict`` keys are unchanged.
+    checkpoints and ``state_dict`` keys are unchanged. On a CPU it also keeps freed memory in the process
+    (:func:`mmplugin.inference.allocator.retain_freed_memory`, glibc: large activations are not page-faulted in
+    again on every image), process-wide.
     """
     import warnings
     if mode not in FAST_MODES:
@@ -95,6 +97,9 @@ def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.de
         if dtype not in native_dtypes(device):
             warnings.warn(f'--fast {mode}: {device.type} has no native {mode} kernels; it runs emulated (slower than '
                           'fp32). Useful to measure the accuracy cost only', stacklevel=2)
+    if device.type == 'cpu':
+        from .allocator import retain_freed_memory
+        retain_freed_memory()
     plain = model.extract_feat
 
     def extract_feat(inputs, *args, **kwargs):

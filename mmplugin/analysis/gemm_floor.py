@@ -1,0 +1,93 @@
+"""How fast a backbone's own matrix products can run: every ``nn.Linear`` timed alone at its exact shape.
+
+A share of "the matmul peak" (a 4096x4096 product) is a goal only as far as the network's GEMMs reach that peak at
+their own shapes: thin ones (Swin's stage 1: 60,800 tokens by 96 channels at 800x1216) run far below it. This
+records the ``(M, K, N)`` of every linear in one forward, then times ``F.linear`` on random operands of each shape
+(medians), and the 4096x4096 product in the same dtype:
+
+    python -m mmplugin.analysis.gemm_floor swin:tiny 800x1216 bf16
+
+Prints one line per shape (count, ms, GFLOP/s) and the total: the GEMM-only time and GFLOP/s, i.e. what the whole
+network would reach if everything but its linears were free.
+"""
+from __future__ import annotations
+
+import collections
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ['linear_shapes', 'gemm_floor']
+
+
+def linear_shapes(model: torch.nn.Module, x: torch.Tensor) -> collections.Counter:
+    """``{(M, K, N): calls}`` of the ``nn.Linear`` modules in one forward of ``model`` on ``x``."""
+    shapes = collections.Counter()
+
+    def hook(mod, inputs, _out):
+        a = inputs[0]
+        shapes[(a.numel() // a.shape[-1], mod.in_features, mod.out_features)] += 1
+
+    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    try:
+        with torch.inference_mode():
+            model(x)
+    finally:
+        for h in handles:
+            h.remove()
+    return shapes
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return sorted(times)[repeats // 2]
+
+
+def gemm_floor(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype = torch.float32, repeats: int = 5) -> dict:
+    """Time every linear shape of ``model`` (weights and input cast to ``dtype``) alone.
+
+    Returns ``dict(shapes=[(M, K, N, calls, seconds)], gflop, seconds, gflops, peak_gflops)``: ``seconds`` the sum
+    over calls, ``peak_gflops`` a 4096x4096 product's in ``dtype``.
+    """
+    model = model.to(dtype).eval()
+    shapes = linear_shapes(model, x.to(dtype))
+    rows, flop, total = [], 0, 0.0
+    with torch.inference_mode():
+        for (m, k, n), calls in sorted(shapes.items()):
+            a, w, b = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(n, dtype=dtype)
+            sec = _median_seconds(lambda: F.linear(a, w, b), repeats)
+            rows.append((m, k, n, calls, sec))
+            flop += 2 * m * k * n * calls
+            total += sec * calls
+        big = torch.randn(4096, 4096, dtype=dtype)
+        peak = 2 * 4096**3 / _median_seconds(lambda: torch.mm(big, big), repeats) / 1e9
+    return dict(shapes=rows, gflop=flop / 1e9, seconds=total, gflops=flop / total / 1e9, peak_gflops=peak)
+
+
+def _main(argv) -> None:
+    import mmplugin  # noqa: F401  (registers the families)
+    from ..models.backbones.registry import get_family
+    from ..utils.cpu import cpu_model
+    from .timing import parse_hw
+    spec, size, precision = (argv + ['swin:tiny', '800x1216', 'bf16'][len(argv):])[:3]
+    family, arch = spec.split(':')
+    dtype = {'bf16': torch.bfloat16, 'fp32': torch.float32}[precision]
+    torch.manual_seed(0)
+    res = gemm_floor(get_family(family)(arch), torch.randn(1, 3, *parse_hw(size)), dtype)
+    print(f'CPU: {cpu_model()}; {torch.get_num_threads()} threads; {spec} {size} {precision}; '
+          f'python -m mmplugin.analysis.gemm_floor {spec} {size} {precision}')
+    for m, k, n, calls, sec in res['shapes']:
+        print(f'M={m} K={k} N={n} x{calls}: {sec * 1e3:.2f} ms, {2 * m * k * n / sec / 1e9:.0f} GFLOP/s')
+    print(f"linears: {res['gflop']:.1f} GFLOP in {res['seconds'] * 1e3:.0f} ms = {res['gflops']:.0f} GFLOP/s; "
+          f"4096x4096 product {res['peak_gflops']:.0f} GFLOP/s ({res['gflops'] / res['peak_gflops']:.0%})")
+
+
+if __name__ == '__main__':
+    _main(sys.argv[1:])
