@@ -14,7 +14,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$ROOT/tools/setup_env.sh"
 cd "$ROOT"
 PY="$ROOT/.venv/bin/python"
-PYTEST=("$PY" -m pytest -q -p no:cacheprovider)
+PYTEST=("$PY" -m pytest -q -p no:cacheprovider --durations=15)  # the slowest tests: the suite has a 25-minute budget
 workers="${MMPLUGIN_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 [ "$workers" -le 4 ] || workers=4
 if [ "$workers" -ge 2 ]; then
