@@ -170,7 +170,25 @@ def quantize_pt2e(module: nn.Module, calibration: Sequence[torch.Tensor], keep_f
     with torch.no_grad():
         for x in calibration:
             prepared(x)
-    return convert_pt2e(prepared)
+    return _convert_post_training(prepared, convert_pt2e)
+
+
+def _convert_post_training(prepared: torch.fx.GraphModule, convert_pt2e) -> torch.fx.GraphModule:
+    """``convert_pt2e`` without its QAT conv-BN fold.
+
+    torchao's ``convert_pt2e`` runs ``_fold_conv_bn_qat`` whenever the graph holds a BatchNorm (the plugin's parts
+    keep the BatchNorms that follow an activation): it exports 96 pattern graphs (about 25 s on 2 cores) to find
+    the conv-BN patterns that ``prepare_qat_pt2e`` inserts for quantisation-aware training. A graph prepared by
+    ``prepare_pt2e`` (post-training) has none, so the fold cannot change it; it is skipped. Where torchao no longer
+    has that function the full conversion runs.
+    """
+    from unittest import mock
+
+    import torchao.quantization.pt2e.quantize_pt2e as tq
+    if not hasattr(tq, '_fold_conv_bn_qat'):
+        return convert_pt2e(prepared)
+    with mock.patch.object(tq, '_fold_conv_bn_qat', lambda graph: graph):
+        return convert_pt2e(prepared)
 
 
 def float_modules_in_graph(graph: torch.fx.GraphModule, module_type: str) -> tuple[int, int]:
