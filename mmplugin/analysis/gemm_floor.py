@@ -3,7 +3,7 @@
 A share of "the matmul peak" (a 4096x4096 product) is a goal only as far as the network's GEMMs reach that peak at
 their own shapes: thin ones (Swin's stage 1: 60,800 tokens by 96 channels at 800x1216) run far below it. This
 records the ``(M, K, N)`` of every linear in one forward, then times ``F.linear`` on random operands of each shape
-(medians), and the 4096x4096 product in the same dtype:
+(medians of interleaved rounds), and the matmul peak in the same dtype and rounds:
 
     python -m mmplugin.analysis.gemm_floor swin:tiny 800x1216 bf16
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -40,34 +39,29 @@ def linear_shapes(model: torch.nn.Module, x: torch.Tensor) -> collections.Counte
     return shapes
 
 
-def _median_seconds(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return sorted(times)[repeats // 2]
-
-
 def gemm_floor(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype = torch.float32, repeats: int = 5) -> dict:
     """Time every linear shape of ``model`` (weights and input cast to ``dtype``) alone.
 
     Returns ``dict(shapes=[(M, K, N, calls, seconds)], gflop, seconds, gflops, peak_gflops)``: ``seconds`` the sum
-    over calls, ``peak_gflops`` a 4096x4096 product's in ``dtype``.
+    over calls, ``peak_gflops`` the matmul peak in ``dtype`` (:func:`mmplugin.utils.timing.matmul_peak_call`), all
+    timed in the same interleaved rounds (medians of ``repeats``).
     """
+    from ..utils.timing import interleaved, matmul_peak_call
     model = model.to(dtype).eval()
-    shapes = linear_shapes(model, x.to(dtype))
-    rows, flop, total = [], 0, 0.0
+    shapes = sorted(linear_shapes(model, x.to(dtype)).items())
+
+    def linear(m, k, n):
+        a, w, b = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(n, dtype=dtype)
+        return lambda: F.linear(a, w, b)
+
+    fns = {shape: linear(*shape) for shape, _ in shapes}
+    fns['matmul'], peak_gflop = matmul_peak_call(dtype)
     with torch.inference_mode():
-        for (m, k, n), calls in sorted(shapes.items()):
-            a, w, b = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(n, dtype=dtype)
-            sec = _median_seconds(lambda: F.linear(a, w, b), repeats)
-            rows.append((m, k, n, calls, sec))
-            flop += 2 * m * k * n * calls
-            total += sec * calls
-        big = torch.randn(4096, 4096, dtype=dtype)
-        peak = 2 * 4096**3 / _median_seconds(lambda: torch.mm(big, big), repeats) / 1e9
+        times = interleaved(fns, repeats)
+    rows = [(m, k, n, calls, times[(m, k, n)]) for (m, k, n), calls in shapes]
+    flop = sum(2 * m * k * n * calls for m, k, n, calls, _ in rows)
+    total = sum(sec * calls for *_, calls, sec in rows)
+    peak = peak_gflop / times['matmul']
     return dict(shapes=rows, gflop=flop / 1e9, seconds=total, gflops=flop / total / 1e9, peak_gflops=peak)
 
 

@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from ..utils.timing import interleaved
+from ..utils.timing import interleaved, matmul_peak_call
 
 __all__ = ['cpu_description', 'backbone_rows', 'whole_model_rows']
 
@@ -92,13 +92,12 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
                 outs[ov_fn] = tuple(torch.from_numpy(res[o]) for o in compiled.outputs)
             fns[('mmplugin', 'openvino', 'fp32')] = ov_fn
     # the matmul peak is timed in the same interleaved rounds, so machine noise hits it like the models
-    n = 4096
-    mats = {p: (torch.randn(n, n, dtype=d), torch.randn(n, n, dtype=d))
-            for p, d in (('fp32', torch.float32), ('bf16 autocast', torch.bfloat16)) if p == 'fp32' or bf16}
-    for p, (a, b) in mats.items():
-        fns[('matmul', p)] = lambda a=a, b=b: torch.mm(a, b)
+    peak_calls = {p: matmul_peak_call(d)
+                  for p, d in (('fp32', torch.float32), ('bf16 autocast', torch.bfloat16)) if p == 'fp32' or bf16}
+    for p, (fn, _) in peak_calls.items():
+        fns[('matmul', p)] = fn
     times = interleaved(fns, rounds)
-    peaks = {p: 2 * n**3 / times.pop(('matmul', p)) / 1e9 for p in mats}
+    peaks = {p: gflop / times.pop(('matmul', p)) for p, (_, gflop) in peak_calls.items()}
     baseline = times[next(iter(times))]
     rows = []
     for key, sec in times.items():

@@ -96,6 +96,7 @@ def main(argv=None) -> int:
         return 2
     from ..apis import load_config
     from ..deploy import compile_backbone_and_neck, enable_fast_inference
+    from ..inference.fast import fast_inference_message
     cfg = load_config(args.config, args.cfg_options)
     cfg.model.get('backbone', {}).pop('init_cfg', None)
     if not _fits(cfg, ckpt, args):
@@ -121,10 +122,8 @@ def main(argv=None) -> int:
             model.dataset_meta = DATASETS.build(dict(cfg.test_dataloader.dataset, lazy_init=True)).metainfo
         infer = inference_detector
     if args.fast:
-        from ..inference.allocator import retained as memory_retained
         dtype = enable_fast_inference(model, args.fast, args.device)
-        print(f'--fast {args.fast}: backbone + neck in {dtype or "torch.float32"}, heads in torch.float32'
-              + ('; freed memory kept in the process (glibc)' if memory_retained() else ''))
+        print(fast_inference_message(args.fast, dtype))
     if args.compile:
         compile_backbone_and_neck(model)
     try:

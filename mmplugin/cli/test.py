@@ -105,11 +105,9 @@ def main(argv=None) -> int:
     if args.tta:
         model = model.module  # the detector / segmentor inside the TTA wrapper
     if args.fast:
-        from ..inference.allocator import retained as memory_retained
-        from ..deploy import enable_fast_inference
+        from ..inference.fast import enable_fast_inference, fast_inference_message
         dtype = enable_fast_inference(model, args.fast, next(model.parameters()).device)
-        print(f'--fast {args.fast}: backbone + neck in {dtype or "torch.float32"}, heads in torch.float32'
-              + ('; freed memory kept in the process (glibc)' if memory_retained() else ''))
+        print(fast_inference_message(args.fast, dtype))
     if args.compile:
         from ..deploy import compile_backbone_and_neck
         compile_backbone_and_neck(model)  # in place: the checkpoint's keys still match

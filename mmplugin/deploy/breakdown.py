@@ -23,11 +23,12 @@ def segmentor_breakdown(name: str, size: int = 512, rounds: int = 10, threads: i
 
     Returns ``dict(rows=[dict(part, gmacs, ms, gflops, peak_share)], whole_ms, peak_gflops)``: ``part`` in
     :data:`PARTS` (``resize``: logits ``(1, K, H/4, W/4) -> (1, K, H, W)``; MACs as mmengine's ``FlopAnalyzer``
-    counts them, so the parts add up to the whole model's count), ``whole_ms`` the whole model in the same rounds, ``peak_gflops`` a 4096x4096 fp32 matmul's.
+    counts them, so the parts add up to the whole model's count), ``whole_ms`` the whole model in the same rounds,
+    ``peak_gflops`` the fp32 matmul peak (:func:`mmplugin.utils.timing.matmul_peak_call`) in the same rounds.
     """
     from . import bench
     from ..analysis.complexity import _analyzer
-    from ..utils.timing import interleaved
+    from ..utils.timing import interleaved, matmul_peak_call
     if name not in bench.SEGMENTORS:
         raise ValueError(f'the breakdown is for segmentors {tuple(bench.SEGMENTORS)}, got {name!r}')
     torch.set_num_threads(threads)
@@ -43,12 +44,11 @@ def segmentor_breakdown(name: str, size: int = 512, rounds: int = 10, threads: i
     macs = {'backbone': _analyzer(part.backbone, x).total(),
             'neck': _analyzer(part.neck, feats).total(),  # one argument: the tuple of maps
             'head': _analyzer(part.head, pyramid).total(), 'resize': _analyzer(resize, logits).total()}
-    n = 4096
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    fns = {**calls, 'whole': lambda: part(x), 'matmul': lambda: torch.mm(a, b)}
+    matmul, matmul_gflop = matmul_peak_call()
+    fns = {**calls, 'whole': lambda: part(x), 'matmul': matmul}
     with torch.inference_mode():
         times = interleaved(fns, rounds)
-    peak = 2 * n**3 / times['matmul'] / 1e9
+    peak = matmul_gflop / times['matmul']
     rows = []
     for p in PARTS:
         gflops = 2 * macs[p] / times[p] / 1e9

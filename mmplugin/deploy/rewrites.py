@@ -60,5 +60,9 @@ DECOMPOSITIONS = {aten.upsample_nearest2d.vec: nearest_by_replication}
 
 
 def for_delegates(program: torch.export.ExportedProgram) -> torch.export.ExportedProgram:
-    """``program`` with the ops of :data:`DECOMPOSITIONS` replaced (the other ops are left as they are)."""
+    """``program`` with the ops of :data:`DECOMPOSITIONS` replaced (the other ops are left as they are); the
+    program itself when it has none of them (re-tracing costs seconds, and a program already rewritten, e.g. a
+    quantised graph exported again for lowering, has none)."""
+    if not any(node.target in DECOMPOSITIONS for node in program.graph.nodes):
+        return program
     return program.run_decompositions(DECOMPOSITIONS)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 __all__ = ['compile_module', 'compile_backbone_and_neck', 'FAST_MODES', 'native_dtypes', 'native_low_precision',
-           'enable_fast_inference']
+           'enable_fast_inference', 'fast_inference_message']
 
 def compile_module(module: nn.Module, backend: str = 'inductor', **kwargs) -> nn.Module:
     """Compile ``module``'s forward in place with ``fullgraph=True, dynamic=True`` (state-dict keys unchanged).
@@ -63,6 +63,13 @@ def native_low_precision(device: torch.device | str = 'cpu') -> torch.dtype | No
     native, else None (fp32)."""
     native = native_dtypes(device)
     return torch.bfloat16 if torch.bfloat16 in native else (torch.float16 if native else None)
+
+
+def fast_inference_message(mode: str, dtype: torch.dtype | None) -> str:
+    """What the tools print after :func:`enable_fast_inference`: the dtype used and whether freed memory is kept."""
+    from .allocator import retained
+    return (f'--fast {mode}: backbone + neck in {dtype or "torch.float32"}, heads in torch.float32'
+            + ('; freed memory kept in the process (glibc)' if retained() else ''))
 
 
 def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.device | str = 'cpu'):

@@ -29,3 +29,16 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int, settle: float
             fn()
             times[k].append(time.perf_counter() - t)
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+PEAK_SIZE = 4096
+
+
+def matmul_peak_call(dtype=None) -> tuple[Callable[[], object], float]:
+    """``(fn, gflop)``: a zero-argument ``PEAK_SIZE`` x ``PEAK_SIZE`` product in ``dtype`` (default fp32) to time
+    beside the models (e.g. in the same :func:`interleaved` rounds), and its GFLOP (2 n^3 / 1e9): the "matmul peak"
+    that the tables' shares refer to is ``gflop / seconds``."""
+    import torch
+    n = PEAK_SIZE
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    return (lambda: torch.mm(a, b)), 2 * n**3 / 1e9
