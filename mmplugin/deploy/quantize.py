@@ -4,8 +4,8 @@ Flow (``image (1, 3, H, W)`` in, the part's tuple of maps out, fixed size):
 
 1. :func:`int8_ready` copies the part, folds BatchNorms and layer scales (``switch_to_deploy()``: weights become
    constants a delegate can take), turns channels-last off (its ``_clone_dim_order`` ops are not delegated) and
-   rewrites SwiftFormer's additive attention as :class:`Int8AdditiveAttention` (q / k as two linears, each
-   L2 normalisation its own :class:`L2Norm` module written with ``rsqrt``), with the same numbers;
+   rewrites SwiftFormer's additive attention as :class:`Int8AdditiveAttention` (the model's attention with its
+   token scores as a linear; each L2 normalisation is the model's own :class:`L2Norm` module), same numbers;
 2. :func:`quantize_pt2e` captures it with ``torch.export``, annotates it with ExecuTorch's ``XNNPACKQuantizer``
    (int8 activations per tensor, asymmetric; int8 weights per output channel, symmetric), runs the calibration
    images through the observers and converts: a ``GraphModule`` with quantize / dequantize pairs, runnable in
@@ -29,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..models.backbones.swiftformer import EfficientAdditiveAttention, L2Norm
+
 __all__ = ['KEEP_FLOAT_PRESETS', 'DEFAULT_KEEP_FLOAT', 'L2Norm', 'Int8AdditiveAttention', 'int8_ready',
            'resolve_keep_float', 'quantize_pt2e', 'float_modules_in_graph', 'export_xnnpack', 'PteRunner',
            'cosine']
@@ -42,57 +44,37 @@ KEEP_FLOAT_PRESETS = {
 DEFAULT_KEEP_FLOAT = 'attention_norm'
 
 
-class L2Norm(nn.Module):
-    """``x / max(||x||_2, eps)`` along ``dim`` (``F.normalize``), written ``x * rsqrt(max(sum(x^2), eps^2))``.
+class Int8AdditiveAttention(EfficientAdditiveAttention):
+    """SwiftFormer's additive attention (``(B, N, C)`` tokens in and out) as PT2E int8 annotates it.
 
-    Same values as ``F.normalize`` up to rounding; lowers to mul / sum / rsqrt, which XNNPACK takes (``F.normalize``
-    becomes ``pow(0.5)`` / ``expand_copy``, which it does not). A module of its own so that it can be kept float.
+    The model's own attention (same forward, same :class:`L2Norm` modules) with one change: the token scores
+    ``q w_g / sqrt(C)`` are a bias-free ``nn.Linear(C, 1)`` holding ``w_g / sqrt(C)``, a static weight that the
+    quantiser annotates and XNNPACK takes (``(q @ w_g) * scale`` is a matmul on a parameter and a float multiply).
+    Built from a deployed attention (layer scale folded into ``final``); shares its linears.
     """
 
-    def __init__(self, dim: int, eps: float = 1e-12):
-        super().__init__()
-        self.dim, self.eps = dim, eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(torch.clamp_min((x * x).sum(dim=self.dim, keepdim=True), self.eps * self.eps))
-
-
-class Int8AdditiveAttention(nn.Module):
-    """SwiftFormer's efficient additive attention (``(B, N, C)`` tokens in and out) in an export-friendly form.
-
-    Built from a deployed ``EfficientAdditiveAttention`` (shares its linears): q and k as two ``nn.Linear``
-    (the fused ``cat`` weight is not a static parameter), ``w_g`` as a bias-free ``nn.Linear(C, 1)``, each
-    normalisation an :class:`L2Norm`. ``A = l2norm_N(q w_g / sqrt(C))``, ``G = A^T q``, ``final(proj(G * k) + q)``.
-    """
-
-    def __init__(self, attn: nn.Module):
-        super().__init__()
+    def __init__(self, attn: EfficientAdditiveAttention):
+        nn.Module.__init__(self)
         dim = attn.to_query.in_features
-        self.l2_weighting = getattr(attn, 'token_weighting', 'l2norm') == 'l2norm'
-        self.to_query, self.to_key = attn.to_query, attn.to_key
+        self.token_weighting, self.scale = attn.token_weighting, 1.0
+        self.to_query, self.to_key, self.proj, self.final = attn.to_query, attn.to_key, attn.proj, attn.final
+        self.q_norm, self.k_norm, self.token_norm = attn.q_norm, attn.k_norm, attn.token_norm
         self.token_score = nn.Linear(dim, 1, bias=False)
         with torch.no_grad():
             self.token_score.weight.copy_(attn.w_g.detach().reshape(1, dim) * attn.scale)
-        self.q_norm, self.k_norm, self.token_norm = L2Norm(-1), L2Norm(-1), L2Norm(1)
-        self.proj, self.final = attn.proj, attn.final
+
+    def token_scores(self, q: torch.Tensor) -> torch.Tensor:
+        return self.token_score(q)  # (B, N, 1)
 
     def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None) -> torch.Tensor:
         if out_scale is not None:
             raise RuntimeError('Int8AdditiveAttention expects the layer scale folded (switch_to_deploy() first)')
-        q = self.q_norm(self.to_query(x))  # (B, N, C)
-        k = self.k_norm(self.to_key(x))  # (B, N, C)
-        if self.l2_weighting:
-            a = self.token_norm(self.token_score(q))  # (B, N, 1)
-            g = torch.matmul(a.transpose(1, 2), q)  # (B, 1, C)
-        else:
-            g = q.sum(dim=1, keepdim=True)
-        return self.final(self.proj(g * k) + q)
+        return super().forward(x)
 
 
 def int8_ready(module: nn.Module) -> nn.Module:
     """A copy of ``module`` in eval mode, deployed (BN / layer scales folded), channels-last off, with every
     SwiftFormer additive attention replaced by :class:`Int8AdditiveAttention`. ``module`` is left unchanged."""
-    from ..models.backbones.swiftformer import EfficientAdditiveAttention
     m = copy.deepcopy(module).eval()
     for sub in list(m.modules()):
         if hasattr(sub, 'channels_last'):
@@ -101,7 +83,7 @@ def int8_ready(module: nn.Module) -> nn.Module:
             sub.switch_to_deploy()
     for parent in list(m.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, EfficientAdditiveAttention):
+            if type(child) is EfficientAdditiveAttention:
                 setattr(parent, name, Int8AdditiveAttention(child))
     return m
 

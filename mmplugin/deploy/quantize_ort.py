@@ -75,6 +75,11 @@ def quantize_onnxruntime(module: nn.Module, calibration: Sequence[torch.Tensor],
         quant_pre_process(fp32, pre, skip_symbolic_shape=True)
         model = onnx.load(pre)
         excluded = float_node_names(model, module, keep_float)
+        if not excluded and any(resolve_keep_float(module, keep_float)):
+            # the exporter's module metadata did not survive pre-processing: quantising everything instead of
+            # what was asked to stay float would be silently wrong
+            raise RuntimeError(f'keep_float={keep_float!r} selects modules of {type(module).__name__}, but no ONNX '
+                               'node carries their module metadata after onnxruntime pre-processing')
         quantize_static(pre, out, _Reader(calibration), quant_format=QuantFormat.QDQ, per_channel=True,
                         activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
                         calibrate_method=CalibrationMethod.MinMax, nodes_to_exclude=excluded,

@@ -30,21 +30,45 @@ from ..layers.conv_blocks import ConvEncoder, ConvMlp, ConvNormAct, LocalReprese
 from .arguments import check_int_list
 from .base import BaseBackbone
 
-__all__ = ['SwiftFormer', 'SwiftFormerEncoder', 'SwiftFormerStage', 'EfficientAdditiveAttention', 'ConvEncoder',
+__all__ = ['SwiftFormer', 'SwiftFormerEncoder', 'SwiftFormerStage', 'EfficientAdditiveAttention', 'L2Norm', 'ConvEncoder',
            'LocalRepresentation', 'ConvMlp', 'ConvNormAct']
 
 
-def l2_normalize(x: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
-    """``F.normalize(x, dim=-1, eps=eps)`` of tokens ``x (B, N, C)``, i.e. ``x / max(||x||_2, eps)``, written as
-    ``x * rsqrt(max(C * mean(x * x), eps^2))`` with the mean over a ``(B, N, C, 1)`` view's last two dims.
+def l2_normalize(x: torch.Tensor, dim: int = -1, eps: float = 1e-12) -> torch.Tensor:
+    """``F.normalize(x, dim=dim, eps=eps)`` of tokens ``x (B, N, C)``, i.e. ``x / max(||x||_2, eps)`` along ``dim``:
+    ``-1`` normalises each token over its ``C`` channels, ``1`` the ``N`` token scores of shape ``(B, N, 1)``.
 
-    Same value up to rounding (float64: ~1e-16 relative). Every op has a mobile-delegate kernel (XNNPACK lowers
-    the mean to global average pooling; it has no ``sum``), where ``F.normalize`` lowers to ``pow(0.5)``, ``sum``
-    and ``expand_copy`` and splits the exported graph into many segments.
+    Written with ops every mobile delegate has, where ``F.normalize`` lowers to ``pow(0.5)``, ``sum`` and
+    ``expand_copy`` and splits the exported graph into many segments: over channels
+    ``x * rsqrt(max(C * mean(x * x), eps^2))`` with the mean over the last two dims of a ``(B, N, C, 1)`` view
+    (XNNPACK lowers it to global average pooling; it has no ``sum``); over tokens the squared norm is
+    ``bmm(x^T, x)``. No size but ``C`` is read, so a dynamic batch exports without shape ops. Same value up to
+    rounding (float64: ~1e-16 relative).
     """
-    b, n, c = x.shape
-    sq = (x * x).reshape(b, n, c, 1).mean((2, 3), keepdim=True).reshape(b, n, 1) * c
+    if x.dim() != 3 or dim not in (-1, 2, 1) or (dim == 1 and x.shape[-1] != 1):
+        raise ValueError('l2_normalize takes tokens (B, N, C) with dim=-1, or token scores (B, N, 1) with dim=1; '
+                         f'got {tuple(x.shape)}, dim={dim}')
+    if dim == 1:
+        sq = torch.bmm(x.transpose(1, 2), x)  # (B, 1, 1)
+    else:
+        sq = (x * x).unsqueeze(-1).mean((-2, -1), keepdim=True).flatten(-2) * x.shape[-1]  # (B, N, 1)
     return x * torch.rsqrt(torch.clamp_min(sq, eps * eps))
+
+
+class L2Norm(nn.Module):
+    """:func:`l2_normalize` along ``dim`` as a module: no parameters (checkpoint keys unchanged), and a module type
+    that int8 quantisation can keep float by name (its int8 grid is coarse against unit-norm tokens, docs/int8.md).
+    """
+
+    def __init__(self, dim: int = -1, eps: float = 1e-12):
+        super().__init__()
+        self.dim, self.eps = dim, eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return l2_normalize(x, self.dim, self.eps)
+
+    def extra_repr(self) -> str:
+        return f'dim={self.dim}'
 
 
 class EfficientAdditiveAttention(nn.Module):
@@ -67,13 +91,17 @@ class EfficientAdditiveAttention(nn.Module):
         self.scale = dim**-0.5
         self.proj = nn.Linear(dim, dim)
         self.final = nn.Linear(dim, dim)
+        self.q_norm, self.k_norm, self.token_norm = L2Norm(-1), L2Norm(-1), L2Norm(1)
+
+    def token_scores(self, q: torch.Tensor) -> torch.Tensor:
+        """``q (B, N, C) -> q w_g / sqrt(C)`` of shape ``(B, N, 1)``."""
+        return (q @ self.w_g) * self.scale
 
     def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None) -> torch.Tensor:
-        q = l2_normalize(self.to_query(x))  # (B, N, C); two GEMMs on constant weights (exports take those)
-        k = l2_normalize(self.to_key(x))  # (B, N, C)
+        q = self.q_norm(self.to_query(x))  # (B, N, C); two GEMMs on constant weights (exports take those)
+        k = self.k_norm(self.to_key(x))  # (B, N, C)
         if self.token_weighting == 'l2norm':
-            a = (q @ self.w_g) * self.scale  # (B, N, 1), normalised over the N tokens: a / max(||a||, 1e-12)
-            a = a * torch.rsqrt(torch.clamp_min(torch.bmm(a.transpose(1, 2), a), 1e-24))
+            a = self.token_norm(self.token_scores(q))  # (B, N, 1), normalised over the N tokens
             g = torch.bmm(a.transpose(1, 2), q)  # (B, 1, C); bmm, not @: no expand in the exported graph
         else:
             g = q.sum(dim=1, keepdim=True)
