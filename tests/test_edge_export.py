@@ -12,6 +12,7 @@ from __future__ import annotations
 import os.path as osp
 import subprocess
 import sys
+from unittest import mock
 
 import pytest
 import torch
@@ -63,6 +64,13 @@ def test_l2_normalize_equals_f_normalize(dtype, tol):
     x[0, 3] = 0
     assert max_rel_error([l2_normalize(x)], [F.normalize(x, dim=-1)]) <= tol
     assert torch.equal(l2_normalize(x)[0, 3], torch.zeros(24, dtype=dtype))
+    scores = torch.randn(3, 50, 1, generator=g, dtype=dtype) * 1e4  # token scores, normalised over the tokens
+    scores[1] = 0
+    assert max_rel_error([l2_normalize(scores, dim=1)], [F.normalize(scores, dim=1)]) <= tol
+    assert torch.equal(l2_normalize(scores, dim=1)[1], torch.zeros(50, 1, dtype=dtype))
+    for bad, dim in ((x, 1), (x, 0), (x[0], -1)):  # over tokens only for (B, N, 1) scores; (B, N, C) only
+        with pytest.raises(ValueError, match='l2_normalize takes'):
+            l2_normalize(bad, dim=dim)
 
 
 def _attention_reference(attn: EfficientAdditiveAttention, x: torch.Tensor) -> torch.Tensor:
@@ -262,6 +270,10 @@ def test_edge_table_rows_from_builders(tmp_path):
     assert all(r.ms > 0 for r in rows)
     text = bench.table({'swiftformer_xs': rows}, 64, 1, 1)
     assert 'CPU: ' in text and '| swiftformer_xs | int8 (metric) |' in text and 'mIoU 1.0' in text
+    from mmplugin.inference import allocator
+    assert ('freed memory retained' in text) == allocator.retained()
+    with mock.patch.object(allocator, 'retained', lambda: True):  # --retain-memory's state is named in the header
+        assert 'freed memory retained in the process' in bench.table({'swiftformer_xs': rows}, 64, 1, 1)
     with pytest.raises(ValueError, match='module:function'):
         bench.row_builder('no_colon')
 
@@ -269,12 +281,12 @@ def test_edge_table_rows_from_builders(tmp_path):
 def test_segmentor_breakdown_parts_add_up():
     """The per-part table covers the whole segmentor: the parts' MACs add up to the whole model's count (mmengine's
     analyzer on the exported 'model' part), and each part is timed."""
-    from mmplugin.analysis.complexity import _analyzer
+    from mmplugin.analysis.complexity import flop_analyzer
     from mmplugin.deploy import bench
     from mmplugin.deploy.breakdown import PARTS, breakdown_table, segmentor_breakdown
     res = segmentor_breakdown('swiftformer_xs_semfpn', size=64, rounds=1, threads=1)
     assert [r['part'] for r in res['rows']] == list(PARTS)
-    whole = _analyzer(bench.build_part('swiftformer_xs_semfpn'), torch.randn(1, 3, 64, 64)).total()
+    whole = flop_analyzer(bench.build_part('swiftformer_xs_semfpn'), torch.randn(1, 3, 64, 64)).total()
     assert sum(r['gmacs'] for r in res['rows']) * 1e9 == pytest.approx(whole, rel=1e-12)
     assert all(r['ms'] > 0 and r['gmacs'] > 0 for r in res['rows']) and res['peak_gflops'] > 0
     assert 'swiftformer_xs_semfpn' in breakdown_table('swiftformer_xs_semfpn', res, 64, 1, 1)

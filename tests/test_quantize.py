@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import os.path as osp
+from unittest import mock
 
 import pytest
 import torch
@@ -163,6 +164,10 @@ def test_onnxruntime_int8_close_to_fp32_and_float_nodes_excluded(tmp_path):
         deq_in = all(i in producers and producers[i].op_type == 'DequantizeLinear' for i in n.input)
         return deq_in and any(c.op_type == 'QuantizeLinear' for o in n.output for c in consumers.get(o, []))
 
+    with mock.patch('mmplugin.deploy.quantize_ort.float_node_names', lambda *a: []):
+        # the module metadata lost on the way: an error, not a model quantised where it was to stay float
+        with pytest.raises(RuntimeError, match='no ONNX node carries their module metadata'):
+            quantize_onnxruntime(ready, _calib(), str(tmp_path / 'lost.int8.onnx'))
     for n in kept:  # a kept node may read dequantised tensors of its producers but is not an int8 op itself
         assert not int8_pattern(n), n.name
     assert any(int8_pattern(n) for n in model.graph.node if n.op_type in ('Conv', 'MatMul', 'Gemm', 'Add'))

@@ -10,7 +10,7 @@ import warnings
 import torch
 from torch import nn
 
-__all__ = ['backbone_complexity', 'model_complexity']
+__all__ = ['backbone_complexity', 'model_complexity', 'flop_analyzer']
 
 
 def _sdpa_handle(inputs, outputs):
@@ -25,7 +25,9 @@ def _sdpa_handle(inputs, outputs):
     return count * n * m * (d + dv)
 
 
-def _analyzer(model: nn.Module, x: torch.Tensor):
+def flop_analyzer(model: nn.Module, x: torch.Tensor):
+    """mmengine's ``FlopAnalyzer`` of ``model(x)`` that also counts fused attention (SDPA: ``N * M * (d + dv)``
+    MACs per batch entry), warnings off; ``.total()`` is the MAC count."""
     from mmengine.analysis import FlopAnalyzer
     fa = FlopAnalyzer(model, (x, ))
     fa.set_op_handle('aten::scaled_dot_product_attention', _sdpa_handle)
@@ -41,7 +43,7 @@ def backbone_complexity(family: str, arch: str, size: tuple[int, int]) -> tuple[
     params = sum(p.numel() for p in model.parameters())
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter('ignore')
-        macs = _analyzer(model, torch.zeros(1, 3, *size)).total() / 1e9
+        macs = flop_analyzer(model, torch.zeros(1, 3, *size)).total() / 1e9
     return params, macs
 
 
@@ -134,7 +136,7 @@ def model_complexity(config: str, shape=(1280, 800), num_proposals: int = 1000, 
     num_rois = min(num_proposals, num_mask_rois)
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter('ignore')
-        fa = _analyzer(_whole_model_forward(model, width, height, num_rois), torch.zeros(1, 3, height, width))
+        fa = flop_analyzer(_whole_model_forward(model, width, height, num_rois), torch.zeros(1, 3, height, width))
         by_module = dict(fa.by_module())
         by_operator = fa.by_operator()
     attention = by_operator.get('scaled_dot_product_attention', 0) + by_operator.get('matmul', 0) + \

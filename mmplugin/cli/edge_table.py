@@ -3,7 +3,7 @@
 
     python tools/edge_table.py [--models swiftformer_xs swiftformer_l1_semfpn ...] [--size 512] [--rounds 10]
         [--threads 2] [--runtimes onnx executorch litert] [--rows pkg.module:function ...] [--workdir DIR]
-        [--out table.md]
+        [--out table.md] [--retain-memory]
     python tools/edge_table.py --breakdown --models swiftformer_l1_semfpn   # where eager's time goes, per part
 
 Prints a markdown table (ms, speed-up over eager fp32, max relative error or task metric, file size, CPU);
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 
-from ..utils.cli import run_tool, tool_main
+from ..utils.cli import add_retain_memory_option, apply_retain_memory_option, run_tool, tool_main
 
 @tool_main
 def main(argv=None) -> int:
@@ -32,7 +32,9 @@ def main(argv=None) -> int:
     p.add_argument('--breakdown', action='store_true',
                    help='instead: eager fp32 time, MACs and share of the matmul peak of each part of the segmentors '
                         '(backbone, neck, head, final resize); see mmplugin.deploy.breakdown')
+    add_retain_memory_option(p)
     args = p.parse_args(argv)
+    apply_retain_memory_option(p, args)
     if args.size < 32 or args.rounds < 1 or args.threads < 1:
         p.error('--size must be >= 32, --rounds and --threads >= 1')
     if args.breakdown:

@@ -29,7 +29,7 @@ import torch
 
 from ..analysis import load_warning
 from ..analysis.speed import backbone_rows, cpu_description, whole_model_rows
-from ..utils.cli import run_tool, tool_main
+from ..utils.cli import add_retain_memory_option, apply_retain_memory_option, run_tool, tool_main
 
 
 @tool_main
@@ -46,9 +46,7 @@ def main(argv=None):
                    help='CONFIG[@HxW]: configs whose whole-model inference is also timed (at --size unless @HxW)')
     p.add_argument('--threads', type=int, default=None)
     p.add_argument('--json', default=None)
-    p.add_argument('--retain-memory', action='store_true',
-                   help="keep freed memory in the process for every row (what --fast does on CPUs; "
-                        "mmplugin.inference.allocator): compare with a run without it")
+    add_retain_memory_option(p)
     args = p.parse_args(argv)
     import mmplugin  # noqa: F401
 
@@ -59,10 +57,7 @@ def main(argv=None):
     native_bf16 = native_low_precision('cpu') is torch.bfloat16
     bf16 = args.bf16 == 'on' or (args.bf16 == 'auto' and native_bf16)
     cpu = cpu_description()
-    if args.retain_memory:
-        from ..inference.allocator import retain_freed_memory
-        if not retain_freed_memory():
-            p.error('--retain-memory needs glibc (this C library is not)')
+    apply_retain_memory_option(p, args)
     command = 'python tools/speed_table.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
     print(f'CPU: {cpu}; {torch.get_num_threads()} threads; torch {torch.__version__}\ncommand: {command}', flush=True)
     print('4096x4096 matmul GFLOP/s is timed in the same rounds as each backbone (column "matmul peak")'

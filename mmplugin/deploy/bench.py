@@ -126,9 +126,11 @@ def measure(name: str, size: int = 512, rounds: int = 10, threads: int = 2, work
 
 def table(results: dict[str, list[Row]], size: int, threads: int, rounds: int) -> str:
     """Markdown table of :func:`measure` results, with the CPU, size, threads and rounds in the header line."""
+    from ..inference.allocator import retained
     from ..utils.cpu import cpu_model
+    memory = '; freed memory retained in the process' if retained() else ''
     lines = [f'CPU: {cpu_model()}; batch 1, {size}x{size}, {threads} thread(s), medians of {rounds} rounds; '
-             f'torch {torch.__version__}', '',
+             f'torch {torch.__version__}{memory}', '',
              '| model | runtime | ms | speed-up vs eager fp32 | max rel. error / metric | file MB |',
              '|---|---|---:|---:|---|---:|']
     for name, rows in results.items():

@@ -27,7 +27,7 @@ def segmentor_breakdown(name: str, size: int = 512, rounds: int = 10, threads: i
     ``peak_gflops`` the fp32 matmul peak (:func:`mmplugin.utils.timing.matmul_peak_call`) in the same rounds.
     """
     from . import bench
-    from ..analysis.complexity import _analyzer
+    from ..analysis.complexity import flop_analyzer
     from ..utils.timing import interleaved, matmul_peak_call
     if name not in bench.SEGMENTORS:
         raise ValueError(f'the breakdown is for segmentors {tuple(bench.SEGMENTORS)}, got {name!r}')
@@ -41,9 +41,9 @@ def segmentor_breakdown(name: str, size: int = 512, rounds: int = 10, threads: i
     resize = _Resize(size, part.head.align_corners)
     calls = {'backbone': lambda: part.backbone(x), 'neck': lambda: part.neck(feats),
              'head': lambda: part.head(pyramid), 'resize': lambda: resize(logits)}
-    macs = {'backbone': _analyzer(part.backbone, x).total(),
-            'neck': _analyzer(part.neck, feats).total(),  # one argument: the tuple of maps
-            'head': _analyzer(part.head, pyramid).total(), 'resize': _analyzer(resize, logits).total()}
+    macs = {'backbone': flop_analyzer(part.backbone, x).total(),
+            'neck': flop_analyzer(part.neck, feats).total(),  # one argument: the tuple of maps
+            'head': flop_analyzer(part.head, pyramid).total(), 'resize': flop_analyzer(resize, logits).total()}
     matmul, matmul_gflop = matmul_peak_call()
     fns = {**calls, 'whole': lambda: part(x), 'matmul': matmul}
     with torch.inference_mode():

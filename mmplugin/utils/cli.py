@@ -153,6 +153,21 @@ def add_inference_options(p) -> None:
                         'arguments write --fast=MODE')
 
 
+def add_retain_memory_option(p) -> None:
+    """``--retain-memory`` of the timing tables: keep freed memory in the process for every row."""
+    p.add_argument('--retain-memory', action='store_true',
+                   help="keep freed memory in the process for every row (what --fast does on CPUs; "
+                        "mmplugin.inference.allocator): compare with a run without it")
+
+
+def apply_retain_memory_option(p, args) -> None:
+    """Apply ``--retain-memory`` if given; a parser error where the C library cannot (not glibc)."""
+    if args.retain_memory:
+        from ..inference.allocator import retain_freed_memory
+        if not retain_freed_memory():
+            p.error('--retain-memory needs glibc (this C library is not)')
+
+
 def require_files(*named: tuple[str, str | None], urls: bool = False) -> None:
     """Raise ``FileNotFoundError('<what> file not found: <path>')`` (one ``error:`` line through
     :func:`tool_main`) for the first ``(what, path)`` whose file is missing; ``None`` paths are optional, and with
