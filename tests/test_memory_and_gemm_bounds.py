@@ -69,3 +69,14 @@ def test_gemm_floor_records_every_linear_shape():
     assert res['gflop'] * 1e9 == 2 * (10 * 8 * 12 * 2 + 10 * 12 * 8)
     assert res['seconds'] == pytest.approx(sum(calls * sec for *_, calls, sec in res['shapes']))
     assert res['peak_gflops'] > 0
+
+
+def test_gemm_floor_command_line_errors():
+    """--help works and a malformed backbone or size is a usage error (exit 2) naming what is expected."""
+    cmd = [sys.executable, '-m', 'mmplugin.analysis.gemm_floor']
+    out = subprocess.run(cmd + ['--help'], capture_output=True, text=True)
+    assert out.returncode == 0 and 'FAMILY:ARCH' in out.stdout, out.stderr[-500:]
+    for args, msg in ((['swin'], 'FAMILY one of'), (['nope:tiny'], 'FAMILY one of'),
+                      (['swin:tiny', '80x'], 'not a size'), (['swin:tiny', '64', 'fp16'], 'invalid choice')):
+        out = subprocess.run(cmd + args, capture_output=True, text=True)
+        assert out.returncode == 2 and msg in out.stderr, (args, out.stderr[-500:])

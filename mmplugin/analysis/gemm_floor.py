@@ -66,17 +66,30 @@ def gemm_floor(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype = tor
 
 
 def _main(argv) -> None:
+    import argparse
+
     import mmplugin  # noqa: F401  (registers the families)
-    from ..models.backbones.registry import get_family
+    from ..models.backbones.registry import FAMILIES, get_family
     from ..utils.cpu import cpu_model
     from .timing import parse_hw
-    spec, size, precision = (argv + ['swin:tiny', '800x1216', 'bf16'][len(argv):])[:3]
-    family, arch = spec.split(':')
-    dtype = {'bf16': torch.bfloat16, 'fp32': torch.float32}[precision]
+    p = argparse.ArgumentParser(prog='python -m mmplugin.analysis.gemm_floor', description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('backbone', nargs='?', default='swin:tiny', help='FAMILY:ARCH (default swin:tiny)')
+    p.add_argument('size', nargs='?', default='800x1216', help='HxW (default 800x1216)')
+    p.add_argument('precision', nargs='?', default='bf16', choices=('bf16', 'fp32'))
+    args = p.parse_args(argv)
+    family, sep, arch = args.backbone.partition(':')
+    if not sep or family not in FAMILIES:
+        p.error(f'backbone must be FAMILY:ARCH with FAMILY one of {", ".join(FAMILIES)}, got {args.backbone!r}')
+    try:
+        hw = parse_hw(args.size)
+    except ValueError as err:
+        p.error(str(err))
+    dtype = {'bf16': torch.bfloat16, 'fp32': torch.float32}[args.precision]
     torch.manual_seed(0)
-    res = gemm_floor(get_family(family)(arch), torch.randn(1, 3, *parse_hw(size)), dtype)
-    print(f'CPU: {cpu_model()}; {torch.get_num_threads()} threads; {spec} {size} {precision}; '
-          f'python -m mmplugin.analysis.gemm_floor {spec} {size} {precision}')
+    res = gemm_floor(get_family(family)(arch), torch.randn(1, 3, *hw), dtype)
+    print(f'CPU: {cpu_model()}; {torch.get_num_threads()} threads; {args.backbone} {args.size} {args.precision}; '
+          f'python -m mmplugin.analysis.gemm_floor {args.backbone} {args.size} {args.precision}')
     for m, k, n, calls, sec in res['shapes']:
         print(f'M={m} K={k} N={n} x{calls}: {sec * 1e3:.2f} ms, {2 * m * k * n / sec / 1e9:.0f} GFLOP/s')
     print(f"linears: {res['gflop']:.1f} GFLOP in {res['seconds'] * 1e3:.0f} ms = {res['gflops']:.0f} GFLOP/s; "
