@@ -56,17 +56,23 @@ def test_idempotent_and_reported():
 
 
 def test_gemm_floor_records_every_linear_shape():
-    """``linear_shapes`` sees each linear with its flattened row count (checked against the shapes written out by
-    hand for a two-linear model on a (2, 5, 8) input), and the floor's totals are the sums over those shapes."""
+    """``linear_shapes`` sees each linear with its flattened row count and each dense 1x1 convolution with its pixel
+    count (checked against the shapes written out by hand for a (2, 5, 8) and a (2, 3, 4, 6) input; 3x3,
+    depthwise and strided convolutions are not GEMMs), and the floor's totals are the sums over those shapes."""
     import torch
+    from torch import nn
 
     from mmplugin.analysis.gemm_floor import gemm_floor, linear_shapes
-    model = torch.nn.Sequential(torch.nn.Linear(8, 12), torch.nn.GELU(), torch.nn.Linear(12, 8),
-                                torch.nn.Linear(8, 12))
+    model = nn.Sequential(nn.Linear(8, 12), nn.GELU(), nn.Linear(12, 8), nn.Linear(8, 12))
     x = torch.randn(2, 5, 8)
     assert linear_shapes(model, x) == {(10, 8, 12): 2, (10, 12, 8): 1}
     res = gemm_floor(model, x, torch.float32, repeats=1)
-    assert res['gflop'] * 1e9 == 2 * (10 * 8 * 12 * 2 + 10 * 12 * 8)
+    assert res['gflop'] * 1e9 == 2 * (10 * 8 * 12 * 2 + 10 * 12 * 8) == res['model_gflop'] * 1e9  # all GEMM
+    convs = nn.Sequential(nn.Conv2d(3, 16, 1), nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.Conv2d(16, 8, 1),
+                          nn.Conv2d(8, 8, 1, stride=2), nn.Conv2d(8, 8, 3, padding=1))
+    assert linear_shapes(convs, torch.randn(2, 3, 4, 6)) == {(48, 3, 16): 1, (48, 16, 8): 1}
+    res = gemm_floor(convs, torch.randn(2, 3, 4, 6), torch.float32, repeats=1)
+    assert res['gflop'] * 1e9 == 2 * 48 * (3 * 16 + 16 * 8) < res['model_gflop'] * 1e9
     assert res['seconds'] == pytest.approx(sum(calls * sec for *_, calls, sec in res['shapes']))
     assert res['peak_gflops'] > 0
 

@@ -1,14 +1,16 @@
-"""How fast a backbone's own matrix products can run: every ``nn.Linear`` timed alone at its exact shape.
+"""How fast a backbone's own matrix products can run: every ``nn.Linear`` and 1x1 convolution timed alone at its exact
+shape.
 
 A share of "the matmul peak" (a 4096x4096 product) is a goal only as far as the network's GEMMs reach that peak at
 their own shapes: thin ones (Swin's stage 1: 60,800 tokens by 96 channels at 800x1216) run far below it. This
-records the ``(M, K, N)`` of every linear in one forward, then times ``F.linear`` on random operands of each shape
-(medians of interleaved rounds), and the matmul peak in the same dtype and rounds:
+records the ``(M, K, N)`` of every linear and every dense 1x1 convolution (stride 1, one group: a GEMM over the
+``M = B * H * W`` pixels; SwiftFormer's MLPs) in one forward, then times ``F.linear`` on random operands of each
+shape (medians of interleaved rounds), and the matmul peak in the same dtype and rounds:
 
     python -m mmplugin.analysis.gemm_floor swin:tiny 800x1216 bf16
 
 Prints one line per shape (count, ms, GFLOP/s) and the total: the GEMM-only time and GFLOP/s, i.e. what the whole
-network would reach if everything but its linears were free.
+network would reach if everything but its GEMMs were free, and the GEMMs' share of the network's MACs.
 """
 from __future__ import annotations
 
@@ -21,33 +23,54 @@ import torch.nn.functional as F
 __all__ = ['linear_shapes', 'gemm_floor']
 
 
+class _GemmShapes(torch.overrides.TorchFunctionMode):
+    """Records ``(M, K, N)`` of every ``F.linear`` and dense 1x1 stride-1 ``F.conv2d`` call (modules or functional
+    code alike: SwiftFormer calls its convolutions with folded weights)."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = collections.Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if func is F.linear:
+            x, w = args[0], args[1] if len(args) > 1 else kwargs['weight']
+            self.shapes[(x.numel() // x.shape[-1], w.shape[1], w.shape[0])] += 1
+        elif func in (F.conv2d, torch.conv2d):
+            w = args[1] if len(args) > 1 else kwargs['weight']
+            stride = args[3] if len(args) > 3 else kwargs.get('stride', 1)
+            groups = args[6] if len(args) > 6 else kwargs.get('groups', 1)
+            if tuple(w.shape[2:]) == (1, 1) and groups == 1 and stride in (1, (1, 1), [1, 1]):
+                self.shapes[(out.numel() // w.shape[0], w.shape[1], w.shape[0])] += 1
+        return out
+
+
 def linear_shapes(model: torch.nn.Module, x: torch.Tensor) -> collections.Counter:
-    """``{(M, K, N): calls}`` of the ``nn.Linear`` modules in one forward of ``model`` on ``x``."""
-    shapes = collections.Counter()
-
-    def hook(mod, inputs, _out):
-        a = inputs[0]
-        shapes[(a.numel() // a.shape[-1], mod.in_features, mod.out_features)] += 1
-
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    try:
-        with torch.inference_mode():
-            model(x)
-    finally:
-        for h in handles:
-            h.remove()
-    return shapes
+    """``{(M, K, N): calls}`` of the linears and dense 1x1 convolutions (``M`` = rows, or batch x pixels) in one
+    forward of ``model`` on ``x``, with oneDNN's fused convolutions off so that every convolution is a
+    ``F.conv2d`` call (same shapes, same work)."""
+    from ..models.layers.fusion import onednn_fusion_disabled
+    mode = _GemmShapes()
+    with torch.inference_mode(), onednn_fusion_disabled(), mode:
+        model(x)
+    return mode.shapes
 
 
 def gemm_floor(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype = torch.float32, repeats: int = 5) -> dict:
     """Time every linear shape of ``model`` (weights and input cast to ``dtype``) alone.
 
-    Returns ``dict(shapes=[(M, K, N, calls, seconds)], gflop, seconds, gflops, peak_gflops)``: ``seconds`` the sum
-    over calls, ``peak_gflops`` the matmul peak in ``dtype`` (:func:`mmplugin.utils.timing.matmul_peak_call`), all
-    timed in the same interleaved rounds (medians of ``repeats``).
+    Returns ``dict(shapes=[(M, K, N, calls, seconds)], gflop, seconds, gflops, peak_gflops, model_gflop)``:
+    ``seconds`` the sum over calls, ``peak_gflops`` the matmul peak in ``dtype``
+    (:func:`mmplugin.utils.timing.matmul_peak_call`), all timed in the same interleaved rounds (medians of
+    ``repeats``); ``model_gflop`` the whole forward's work (:func:`mmplugin.analysis.complexity.flop_analyzer`,
+    2 FLOP per MAC).
     """
     from ..utils.timing import interleaved, matmul_peak_call
+    from .complexity import flop_analyzer
     model = model.to(dtype).eval()
+    with torch.no_grad():
+        model_flop = 2 * flop_analyzer(model, x.to(dtype)).total()
     shapes = sorted(linear_shapes(model, x.to(dtype)).items())
 
     def linear(m, k, n):
@@ -62,7 +85,8 @@ def gemm_floor(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype = tor
     flop = sum(2 * m * k * n * calls for m, k, n, calls, _ in rows)
     total = sum(sec * calls for *_, calls, sec in rows)
     peak = peak_gflop / times['matmul']
-    return dict(shapes=rows, gflop=flop / 1e9, seconds=total, gflops=flop / total / 1e9, peak_gflops=peak)
+    return dict(shapes=rows, gflop=flop / 1e9, seconds=total, gflops=flop / total / 1e9, peak_gflops=peak,
+                model_gflop=model_flop / 1e9)
 
 
 def _main(argv) -> None:
@@ -92,8 +116,11 @@ def _main(argv) -> None:
           f'python -m mmplugin.analysis.gemm_floor {args.backbone} {args.size} {args.precision}')
     for m, k, n, calls, sec in res['shapes']:
         print(f'M={m} K={k} N={n} x{calls}: {sec * 1e3:.2f} ms, {2 * m * k * n / sec / 1e9:.0f} GFLOP/s')
-    print(f"linears: {res['gflop']:.1f} GFLOP in {res['seconds'] * 1e3:.0f} ms = {res['gflops']:.0f} GFLOP/s; "
-          f"4096x4096 product {res['peak_gflops']:.0f} GFLOP/s ({res['gflops'] / res['peak_gflops']:.0%})")
+    print(f"GEMMs: {res['gflop']:.1f} GFLOP ({res['gflop'] / res['model_gflop']:.0%} of the forward's "
+          f"{res['model_gflop']:.1f}) in {res['seconds'] * 1e3:.0f} ms = {res['gflops']:.0f} GFLOP/s; "
+          f"4096x4096 product {res['peak_gflops']:.0f} GFLOP/s ({res['gflops'] / res['peak_gflops']:.0%}); "
+          f"the whole forward at most {res['model_gflop'] / res['seconds'] / res['peak_gflops']:.0%} of that peak "
+          'if nothing but its GEMMs took time')
 
 
 if __name__ == '__main__':
