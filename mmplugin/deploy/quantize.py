@@ -56,7 +56,7 @@ class Int8AdditiveAttention(EfficientAdditiveAttention):
     def __init__(self, attn: EfficientAdditiveAttention):
         nn.Module.__init__(self)
         dim = attn.to_query.in_features
-        self.token_weighting, self.scale = attn.token_weighting, 1.0
+        self.token_weighting = attn.token_weighting
         self.to_query, self.to_key, self.proj, self.final = attn.to_query, attn.to_key, attn.proj, attn.final
         self.q_norm, self.k_norm, self.token_norm = attn.q_norm, attn.k_norm, attn.token_norm
         self.token_score = nn.Linear(dim, 1, bias=False)

@@ -66,7 +66,7 @@ def quantize_onnxruntime(module: nn.Module, calibration: Sequence[torch.Tensor],
     from . import export_onnx
     if not calibration:
         raise ValueError('quantize_onnxruntime needs at least one calibration image')
-    resolve_keep_float(module, keep_float)  # a bad option fails before the export
+    kept_types, kept_names = resolve_keep_float(module, keep_float)  # a bad option fails before the export
     fp32 = os.path.splitext(out)[0] + '.fp32.onnx'
     batch_example = example if example is not None else torch.cat([calibration[0]] * 2)
     export_onnx(module.eval(), fp32, batch_example)
@@ -75,7 +75,7 @@ def quantize_onnxruntime(module: nn.Module, calibration: Sequence[torch.Tensor],
         quant_pre_process(fp32, pre, skip_symbolic_shape=True)
         model = onnx.load(pre)
         excluded = float_node_names(model, module, keep_float)
-        if not excluded and any(resolve_keep_float(module, keep_float)):
+        if not excluded and (kept_types or kept_names):
             # the exporter's module metadata did not survive pre-processing: quantising everything instead of
             # what was asked to stay float would be silently wrong
             raise RuntimeError(f'keep_float={keep_float!r} selects modules of {type(module).__name__}, but no ONNX '

@@ -30,8 +30,8 @@ from ..layers.conv_blocks import ConvEncoder, ConvMlp, ConvNormAct, LocalReprese
 from .arguments import check_int_list
 from .base import BaseBackbone
 
-__all__ = ['SwiftFormer', 'SwiftFormerEncoder', 'SwiftFormerStage', 'EfficientAdditiveAttention', 'L2Norm', 'ConvEncoder',
-           'LocalRepresentation', 'ConvMlp', 'ConvNormAct']
+__all__ = ['SwiftFormer', 'SwiftFormerEncoder', 'SwiftFormerStage', 'EfficientAdditiveAttention', 'L2Norm',
+           'ConvEncoder', 'LocalRepresentation', 'ConvMlp', 'ConvNormAct']
 
 
 def l2_normalize(x: torch.Tensor, dim: int = -1, eps: float = 1e-12) -> torch.Tensor:
