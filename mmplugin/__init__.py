@@ -16,7 +16,7 @@ from .registry import MODELS, OPTIM_WRAPPER_CONSTRUCTORS
 install_safe_checkpoint_loading()
 install_config_scope()
 
-from . import models, optim  # noqa: E402,F401  (registers the backbones and the optimizer constructor)
+from . import engine, models, optim  # noqa: E402,F401  (registers the backbones, the AMP wrapper, the optimizer constructor)
 
 __all__ = ['__version__', 'config_file', 'config_root', 'install_config_scope', 'MODELS', 'OPTIM_WRAPPER_CONSTRUCTORS',
-           'models', 'optim']
+           'engine', 'models', 'optim']

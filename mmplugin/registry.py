@@ -37,3 +37,10 @@ from mmengine.registry import FUNCTIONS as MMENGINE_FUNCTIONS  # noqa: E402
 FUNCTIONS = Registry('function', parent=MMENGINE_FUNCTIONS, scope='mmplugin', locations=['mmplugin.utils.fsdp'])
 
 __all__ += ['FUNCTIONS']
+
+from mmengine.registry import OPTIM_WRAPPERS as MMENGINE_OPTIM_WRAPPERS  # noqa: E402
+
+OPTIM_WRAPPERS = Registry('optim_wrapper', parent=MMENGINE_OPTIM_WRAPPERS, scope='mmplugin',
+                          locations=['mmplugin.engine'])
+
+__all__ += ['OPTIM_WRAPPERS']

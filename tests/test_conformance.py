@@ -5,7 +5,7 @@ import pytest
 
 import mmplugin  # noqa: F401
 from mmplugin.models.backbones.base import FAMILIES, detect_family
-from mmplugin.testing.conformance import (check_bad_input, check_bf16, check_declared_shapes, check_empty_batch,
+from mmplugin.testing.conformance import (check_bad_input, check_reduced_precision, check_declared_shapes, check_empty_batch,
                                           check_freezing, check_grad_strides, check_layer_depths, check_norm_eval,
                                           check_state_dict_roundtrip, check_with_cp)
 
@@ -62,8 +62,8 @@ def test_with_cp_after_construction(family, arch, monkeypatch):
 
 @pytest.mark.numeric
 @pytest.mark.parametrize('family,arch', SMOKE, ids=SMOKE_IDS)
-def test_bf16(family, arch):
-    check_bf16(FAMILIES[family], arch)
+def test_reduced_precision(family, arch):
+    check_reduced_precision(FAMILIES[family], arch)
 
 
 @pytest.mark.parametrize('family,arch', SMOKE, ids=SMOKE_IDS)

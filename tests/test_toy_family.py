@@ -12,7 +12,7 @@ from torch import nn
 
 import mmplugin  # noqa: F401
 from mmplugin.models.backbones.base import FAMILIES, BaseBackbone
-from mmplugin.testing.conformance import (check_bad_input, check_bf16, check_declared_shapes, check_empty_batch,
+from mmplugin.testing.conformance import (check_bad_input, check_reduced_precision, check_declared_shapes, check_empty_batch,
                                           check_freezing, check_grad_strides, check_layer_depths, check_norm_eval,
                                           check_state_dict_roundtrip, check_with_cp)
 
@@ -85,7 +85,7 @@ def _tool(name: str):
     return importlib.import_module(f'mmplugin.cli.{name}')
 
 
-@pytest.mark.parametrize('check', [check_declared_shapes, check_empty_batch, check_freezing, check_bf16,
+@pytest.mark.parametrize('check', [check_declared_shapes, check_empty_batch, check_freezing, check_reduced_precision,
                                    check_bad_input, check_layer_depths, check_grad_strides])
 def test_conformance(toy, check):
     check(toy, 'mini')

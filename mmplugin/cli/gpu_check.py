@@ -1,6 +1,7 @@
-"""One prepared GPU check (a few minutes): SDPA backend of the Swin window attention, Mask R-CNN training steps with
-fp16 AMP and bf16 for the plugin's Swin-T and SwiftFormer-L1 and for mmdet's own Swin-T config, with throughput
-and peak memory side by side.
+"""One prepared GPU check (a few minutes): every backbone in fp16 and bf16 (autocast and half models) against fp32,
+a bit-identical deterministic backward, SDPA backend of the Swin window attention, Mask R-CNN training steps with
+fp16 AMP and bf16 for the plugin's Swin-T and SwiftFormer-L1 and for mmdet's own Swin-T config, and an AMP step of
+the Swin V2-T Cascade config, with throughput and peak memory side by side.
 
     python tools/gpu_check.py [--steps 6] [--size 800x1216] [--batch 2] [--json FILE]
     python tools/gpu_check.py --cpu-smoke      # the same code path on CPU at a tiny size (CI, no GPU)
@@ -9,6 +10,11 @@ Without a CUDA device (and without --cpu-smoke) it prints that and exits 0: CI n
 
 What it reports:
 
+* ``precision``: per family (smoke arch), :func:`mmplugin.testing.conformance.check_reduced_precision` on the
+  device (fp16 and bf16, autocast and ``.to(dtype)`` models, padded / shifted sizes, inputs up to 1e3, within the
+  bounds the CPU suite asserts), and the full Swin V2-T at 224x224 and 100x140; ``ok`` or the failed assertion.
+* ``deterministic``: a Swin V2 forward + backward run twice under ``torch.use_deterministic_algorithms(True)``:
+  whether every gradient is bit-identical.
 * ``sdpa``: which SDPA kernels accept the Swin call (float mask ``(B*nW, heads, 49, 49)``, head dim 32): flash
   attention takes no float mask, the memory-efficient kernel does; and the kernel the default dispatch ran
   (from the profiler).
@@ -36,7 +42,79 @@ MODELS = {  # name -> (config, backbone override or None)
                           num_heads=[3, 6, 12, 24], window_size=7, mlp_ratio=4, qkv_bias=True, drop_path_rate=0.1,
                           patch_norm=True, out_indices=(0, 1, 2, 3), with_cp=False, convert_weights=False)),
     'mmplugin-swiftformer-l1': ('configs/swiftformer_l1_maskrcnn.py', None),
+    'mmplugin-swinv2-t-cascade': ('configs/swinv2_t_cascade_maskrcnn_3x.py', None),
 }
+
+
+def _outcome(fn, *args, **kwargs) -> str:
+    """'ok', or the first line of the assertion / error that ``fn`` raised."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001  (every check is reported, none stops the others)
+        return f'FAILED {type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ""}'
+    return 'ok'
+
+
+def _full_v2_tiny(device, sizes) -> None:
+    import torch
+
+    from ..models import SwinTransformerV2
+    from ..testing.numeric import REDUCED_VS_FP32
+    from ..utils.numerics import rel_error
+    model = SwinTransformerV2('tiny', drop_path_rate=0.0).to(device).eval()
+    for size in sizes:
+        x = torch.randn(1, 3, *size, device=device)
+        for name, dtype in (('fp16', torch.float16), ('bf16', torch.bfloat16)):
+            with torch.no_grad():
+                ref = model(x)
+                with torch.autocast(device.type, dtype=dtype):
+                    auto = model(x)
+                half = model.to(dtype)(x.to(dtype))
+                model.float()
+            for mode, outs in (('autocast', auto), ('model', half)):
+                for i, (o, r) in enumerate(zip(outs, ref)):
+                    err = rel_error(o, r)
+                    assert err < REDUCED_VS_FP32[name], f'{size} {name} {mode} level {i}: rel. error {err:.3g}'
+
+
+def precision_report(device, quick: bool = False) -> dict:
+    from ..models.backbones.base import FAMILIES
+    from ..testing.conformance import check_reduced_precision
+    out = {}
+    for name, cls in FAMILIES.items():
+        out[name] = _outcome(check_reduced_precision, cls, cls.smallest_arch(), device=str(device),
+                             sizes=[(37, 53)] if quick else [(64, 64), (37, 53)], scales=(1e3, ) if quick else (1.0, 1e3))
+    out['swinv2-tiny-full'] = ('skipped (--cpu-smoke)' if quick else
+                               _outcome(_full_v2_tiny, device, [(224, 224), (100, 140)]))
+    return out
+
+
+def deterministic_backward(device) -> str:
+    """Two forward + backward passes of a small Swin V2 under deterministic algorithms: bit-identical gradients?"""
+    import os
+
+    import torch
+
+    from ..models import SwinTransformerV2
+    from ..testing.numeric import randomize_
+    os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')  # cuBLAS needs it for deterministic GEMMs
+    model = randomize_(SwinTransformerV2(dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8]),
+                                         drop_path_rate=0.0), seed=1).to(device).train()
+    x = torch.randn(2, 3, 100, 140, device=device)
+    grads = []
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for _ in range(2):
+            model.zero_grad(set_to_none=True)
+            sum(o.pow(2).mean() for o in model(x)).backward()
+            grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    except RuntimeError as err:
+        return f'FAILED: {str(err).splitlines()[0][:200]}'
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    same = all(torch.equal(a, b) for a, b in zip(*grads))
+    return 'bit-identical' if same else 'FAILED: gradients differ between two runs'
 
 
 def sdpa_report(device) -> dict:
@@ -138,11 +216,17 @@ def main(argv=None) -> int:
         size = tuple(int(v) for v in args.size.lower().split('x'))
         print(f'gpu_check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, '
               f'batch {args.batch} x {size[0]}x{size[1]}, {steps} steps')
-    report = {'device': str(device), 'sdpa': sdpa_report(device), 'train': {}}
+    report = {'device': str(device), 'precision': precision_report(device, quick=args.cpu_smoke),
+              'deterministic': deterministic_backward(device), 'sdpa': sdpa_report(device), 'train': {}}
+    print('fp16 / bf16 against fp32 (autocast and half models):')
+    for k, v in report['precision'].items():
+        print(f'  {k:20s} {v}')
+    print(f"deterministic backward: {report['deterministic']}")
+    ok = all(not v.startswith('FAILED') for v in report['precision'].values())
+    ok &= not report['deterministic'].startswith('FAILED')
     print('SDPA with the Swin float mask:')
     for k, v in report['sdpa'].items():
         print(f'  {k:20s} {v}')
-    ok = True
     for name in names:
         for prec in precisions:
             try:

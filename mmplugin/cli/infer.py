@@ -11,8 +11,8 @@ zoos) load as they are: their backbone part is converted on the fly (docs/publis
 --out: the drawing (mmdet's DetLocalVisualizer or mmseg's SegLocalVisualizer, chosen by the config's default_scope):
 an image file for one image (default result.png), a folder for a folder of images (default infer_vis/).
 --pred-out FILE.json: machine-readable predictions, mmdet DetInferencer's per-image dicts (bboxes, labels, scores,
-RLE masks); for segmentors the label map PNG beside it (FILE.png, or FILE/<image>.png for a folder). See
-docs/evaluation.md.
+RLE masks); for segmentors the label map PNG beside it (FILE_labels.png, or FILE/<image>.png for a folder). See
+docs/evaluation.md. No output overwrites another: a drawing path equal to the json or a label map is refused.
 """
 from __future__ import annotations
 
@@ -86,6 +86,13 @@ def main(argv=None) -> int:
         from ..utils.predictions import check_drawing_path
         try:
             check_drawing_path(out)  # before the model is built
+        except PredictionOutputError as err:
+            print(f'error: {err}', file=sys.stderr)
+            return 2
+    if out is not None and args.pred_out is not None:
+        from ..utils.predictions import check_distinct_outputs
+        try:  # before the model is built; whether it is a segmentor is known from the config's scope only
+            check_distinct_outputs(out, args.pred_out, many, segmentor=True)
         except PredictionOutputError as err:
             print(f'error: {err}', file=sys.stderr)
             return 2

@@ -1,6 +1,6 @@
 """Train an mmdet or mmseg model from a config, with the plugin's backbones registered.
 
-    python tools/train.py configs/swiftformer_l1_maskrcnn.py [--work-dir DIR] [--resume [PATH]] [--amp]
+    python tools/train.py configs/swiftformer_l1_maskrcnn.py [--work-dir DIR] [--resume [PATH]] [--amp] [--amp-dtype float16|bfloat16]
         [--cfg-options key=value ...] [--launcher none|pytorch|slurm]
 
 Multi-GPU / multi-node: tools/dist_train.sh (torchrun, c10d rendezvous) or tools/slurm_train.sh; mmengine's
@@ -24,7 +24,10 @@ def parse_args(argv=None):
     p.add_argument('--resume', nargs='?', const='auto', default=None,
                    help='resume from PATH or http(s) URL, or (no value) from the newest intact checkpoint in the work '
                    'dir (unreadable newer ones are named in the log)')
-    p.add_argument('--amp', action='store_true', help='mixed precision (GPU); ignored with a warning on CPU')
+    p.add_argument('--amp', action='store_true',
+                   help='mixed precision: fp16 autocast with loss scaling on CUDA, bf16 autocast on the CPU')
+    p.add_argument('--amp-dtype', choices=['float16', 'bfloat16'], default=None,
+                   help='the autocast dtype of --amp (implies --amp); float16 runs with dynamic loss scaling')
     p.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config values, key=value')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=0)

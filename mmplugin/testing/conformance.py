@@ -16,6 +16,8 @@ Tolerances are those of :mod:`mmplugin.testing.numeric`.
 """
 from __future__ import annotations
 
+import copy
+import itertools
 import math
 
 import torch
@@ -25,10 +27,11 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..models.backbones.base import BaseBackbone, detect_family
 from ..utils.numerics import rel_error
-from .numeric import BF16_VS_FP32, FP32_PARITY, randomize_
+from .numeric import FP32_PARITY, REDUCED_VS_FP32, randomize_
 
 __all__ = ['SIZES', 'ALL_CHECKS', 'build', 'check_declared_shapes', 'check_empty_batch', 'check_freezing',
-           'check_norm_eval', 'check_with_cp', 'check_grad_strides', 'check_bf16', 'check_bad_input',
+           'check_norm_eval', 'check_with_cp', 'check_grad_strides', 'check_reduced_precision', 'check_bf16',
+           'check_bad_input',
            'check_state_dict_roundtrip', 'check_layer_depths']
 
 SIZES = [(64, 64), (37, 53)]
@@ -170,25 +173,67 @@ def check_grad_strides(cls, arch) -> None:
     assert not bad, bad[:5]
 
 
+_DTYPES = {'bf16': torch.bfloat16, 'fp16': torch.float16}
+
+
+def _dtype_hooks(model: nn.Module, dtype: torch.dtype, wrong: list[str]):
+    """Forward hooks recording every submodule whose floating-point output is not ``dtype``."""
+    def hook(module, _inputs, out):
+        outs = out if isinstance(out, (tuple, list)) else (out, )
+        for o in outs:
+            if isinstance(o, torch.Tensor) and o.is_floating_point() and o.dtype != dtype:
+                wrong.append(f'{type(module).__name__} -> {o.dtype}')
+    return [m.register_forward_hook(hook) for m in model.modules()]
+
+
+def check_reduced_precision(cls, arch, dtypes=('bf16', 'fp16'), sizes=SIZES, scales=(1.0, 1e3),
+                            device: str = 'cpu') -> None:
+    """fp16 and bf16, under autocast and as a whole model cast with ``.to(dtype)``, at every size of ``sizes``
+    (divisible and not: padding, shifted windows) and at inputs scaled up to ``scales``: every output is finite
+    and within ``REDUCED_VS_FP32[dtype]`` of fp32 (eval, default init); a cast model computes in its dtype end to
+    end (every submodule's output, and the returned maps); autocast training gives finite outputs and gradients.
+    ``device``: where to run (``tools/gpu_check.py`` runs it on CUDA).
+    """
+    device_type = torch.device(device).type
+    for name in dtypes:
+        dtype, bound = _DTYPES[name], REDUCED_VS_FP32[name]
+        model = build(cls, arch).to(device).train()
+        x = torch.randn(1, model.in_channels, 64, 64, device=device)
+        with torch.autocast(device_type, dtype=dtype):
+            outs = model(x)
+            loss = sum(o.float().pow(2).mean() for o in outs)
+        loss.backward()
+        assert all(torch.isfinite(o.float()).all() for o in outs), f'{name} autocast training: non-finite output'
+        bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+        assert not bad, f'{name} autocast training: non-finite gradients of {bad[:3]}'
+        model.eval()
+        low = copy.deepcopy(model).to(dtype)
+        for (h, w), scale in itertools.product(sizes, scales):
+            x = torch.randn(2, model.in_channels, h, w, device=device) * scale
+            with torch.no_grad():
+                ref = model(x)
+                with torch.autocast(device_type, dtype=dtype):
+                    auto = model(x)
+                wrong: list[str] = []
+                hooks = _dtype_hooks(low, dtype, wrong)
+                try:
+                    cast = low(x.to(dtype))
+                finally:
+                    for hk in hooks:
+                        hk.remove()
+            where = f'{name}, {h}x{w}, input scale {scale:g}'
+            assert not wrong, f'{where}: .to({dtype}) model left its dtype in {sorted(set(wrong))[:4]}'
+            for mode, got in (('autocast', auto), ('cast model', cast)):
+                for i, (o, r) in enumerate(zip(got, ref)):
+                    assert torch.isfinite(o).all(), f'{where}, {mode}: output {i} is not finite'
+                    err = rel_error(o, r)
+                    assert err < bound, f'{where}, {mode}: output {i} differs from fp32 by {err:.3g} (bound {bound:.3g})'
+            assert all(o.dtype == dtype for o in cast)
+
+
 def check_bf16(cls, arch) -> None:
-    """bf16 autocast: finite forward and backward in training; at inference within ``BF16_VS_FP32`` of fp32
-    (default init)."""
-    model = build(cls, arch).train()
-    x = torch.randn(1, model.in_channels, 64, 64)
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        outs = model(x)
-        loss = sum(o.float().pow(2).mean() for o in outs)
-    loss.backward()
-    assert all(torch.isfinite(o.float()).all() for o in outs)
-    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
-    model.eval()
-    with torch.no_grad():
-        ref = model(x)
-        with torch.autocast('cpu', dtype=torch.bfloat16):
-            low = model(x)
-    for o, r in zip(low, ref):
-        assert o.dtype == torch.bfloat16 or o.dtype == torch.float32
-        assert rel_error(o, r) < BF16_VS_FP32  # bf16 operands, fp32 accumulation
+    """:func:`check_reduced_precision` in bf16 only."""
+    check_reduced_precision(cls, arch, dtypes=('bf16', ))
 
 
 def check_bad_input(cls, arch) -> None:
@@ -239,5 +284,5 @@ def check_layer_depths(cls, arch, model: BaseBackbone | None = None) -> None:
     assert model.layer_depth('not.a.parameter') == top
 
 
-ALL_CHECKS = [check_declared_shapes, check_empty_batch, check_freezing, check_norm_eval, check_bf16,
+ALL_CHECKS = [check_declared_shapes, check_empty_batch, check_freezing, check_norm_eval, check_reduced_precision,
               check_bad_input, check_layer_depths, check_grad_strides]

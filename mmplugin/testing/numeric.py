@@ -7,8 +7,9 @@ import math
 
 import torch
 
-__all__ = ['U_FP64', 'U_FP32', 'U_BF16', 'PARITY_TERMS', 'PARITY_DEPTH', 'worst_case_bound', 'probabilistic_bound',
-           'FP64_PARITY', 'FP32_PARITY', 'BF16_VS_FP32', 'randomize_', 'outputs_in_float64']
+__all__ = ['U_FP64', 'U_FP32', 'U_BF16', 'U_FP16', 'PARITY_TERMS', 'PARITY_DEPTH', 'worst_case_bound',
+           'probabilistic_bound', 'FP64_PARITY', 'FP32_PARITY', 'BF16_VS_FP32', 'FP16_VS_FP32', 'REDUCED_VS_FP32',
+           'randomize_', 'outputs_in_float64']
 
 
 def randomize_(module: torch.nn.Module, seed: int = 0, scale: float = 0.3) -> torch.nn.Module:
@@ -39,7 +40,7 @@ def randomize_(module: torch.nn.Module, seed: int = 0, scale: float = 0.3) -> to
 #     like sqrt(K) u with high probability), independent layers adding in quadrature: 4 * u * sqrt(terms * depth).
 # The test models are small: at most 4096-term inner products (Swin-T's 3072-wide MLP projection, 3x3x256
 # convolutions) and at most 50 chained layers (12 blocks x 4 products + stem + output norm).
-U_FP64, U_FP32, U_BF16 = 2.0**-53, 2.0**-24, 2.0**-8
+U_FP64, U_FP32, U_BF16, U_FP16 = 2.0**-53, 2.0**-24, 2.0**-8, 2.0**-11
 PARITY_TERMS, PARITY_DEPTH = 4096, 50
 
 
@@ -64,6 +65,13 @@ FP32_PARITY = probabilistic_bound(U_FP32)
 # the error does not grow with the number of terms (it is ~u relative per operand) but adds over the layers in
 # quadrature: 2 * u * sqrt(depth) = 5.5e-2.
 BF16_VS_FP32 = 2 * U_BF16 * math.sqrt(PARITY_DEPTH)
+# fp16 against fp32, the same argument with fp16's unit roundoff (u = 2^-11): 6.9e-3. It holds as long as no value
+# leaves fp16's range (|x| <= 65504, normal from 6.1e-5): the reductions that would (L2 norms with their 1e-12
+# epsilon, sums of squares) run in fp32 (mmplugin.models.layers.precision). A whole model cast to fp16 (weights,
+# activations and the residual stream stored in fp16) rounds once more per layer, a third rounding per layer in
+# quadrature: sqrt(3) u sqrt(depth) = 5.9e-3, still within the bound; likewise for bf16.
+FP16_VS_FP32 = 2 * U_FP16 * math.sqrt(PARITY_DEPTH)
+REDUCED_VS_FP32 = {'bf16': BF16_VS_FP32, 'fp16': FP16_VS_FP32}
 
 
 def outputs_in_float64(model: torch.nn.Module, *inputs: torch.Tensor) -> list[torch.Tensor]:

@@ -19,7 +19,7 @@ import os.path as osp
 import numpy as np
 
 __all__ = ['IMAGE_EXTENSIONS', 'PredictionOutputError', 'list_images', 'check_drawing_path', 'det_pred_to_dict',
-           'seg_label_map_path', 'write_label_map', 'InferenceWriter']
+           'seg_label_map_path', 'check_distinct_outputs', 'write_label_map', 'InferenceWriter']
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.bmp', '.tif', '.tiff', '.webp')
 
@@ -72,12 +72,32 @@ def det_pred_to_dict(data_sample) -> dict:
 
 
 def seg_label_map_path(pred_out: str, image: str, many: bool) -> str:
-    """Where the label map of ``image`` goes: ``FILE.png`` beside ``FILE.json`` for one image, else
+    """Where the label map of ``image`` goes: ``FILE_labels.png`` beside ``FILE.json`` for one image (a name no
+    drawing gets by default: ``--out result.png --pred-out result.json`` keeps both), else
     ``FILE/<image name>.png`` (a folder beside the json)."""
     stem = osp.splitext(pred_out)[0]
     if not many:
-        return stem + '.png'
+        return stem + '_labels.png'
     return osp.join(stem, osp.splitext(osp.basename(image))[0] + '.png')
+
+
+def check_distinct_outputs(out: str | None, pred_out: str | None, many: bool, segmentor: bool) -> None:
+    """Refuse outputs that would overwrite one another: the drawing (file or folder), the json and, for a
+    segmentor, its label map(s) must be different paths.
+
+    Raises:
+        PredictionOutputError: two of them are the same path (names both options and a fix).
+    """
+    if out is None or pred_out is None:
+        return
+    same = osp.abspath(out) == osp.abspath(pred_out)
+    what = 'the json'
+    if segmentor and not same:
+        labels = osp.splitext(pred_out)[0] if many else seg_label_map_path(pred_out, '', many)
+        same, what = osp.abspath(out) == osp.abspath(labels), f'the label maps ({labels})'
+    if same:
+        raise PredictionOutputError(f'--out {out!r} and --pred-out {pred_out!r}: the drawings would overwrite '
+                                    f'{what}; give --out another name')
 
 
 def write_label_map(label: np.ndarray, path: str) -> None:
@@ -112,6 +132,7 @@ class InferenceWriter:
             raise PredictionOutputError(f'--pred-out writes json: give a .json file, not {pred_out!r}')
         if out is not None and not many:
             check_drawing_path(out)
+        check_distinct_outputs(out, pred_out, many, segmentor)
         if out is not None and many and osp.splitext(out)[1].lower() in IMAGE_EXTENSIONS + ('.json', ):
             raise PredictionOutputError(f'with a folder of images --out names a folder for the drawings, '
                                         f'not {out!r}')

@@ -5,12 +5,11 @@ import glob
 import os
 import os.path as osp
 import re
-import warnings
 import zipfile
 
 import torch
 
-__all__ = ['build_runner', 'find_resumable_checkpoint', 'prepare_runner_cfg']
+__all__ = ['build_runner', 'find_resumable_checkpoint', 'prepare_amp', 'prepare_runner_cfg']
 
 
 def _problem(path: str) -> str | None:
@@ -84,6 +83,31 @@ def _clean_work_dir(work_dir: str) -> None:
         print(f'removed {len(removed)} temporary file(s) of interrupted saves: {", ".join(removed)}')
 
 
+def prepare_amp(cfg, amp: bool, dtype: str | None = None) -> None:
+    """Mixed precision from ``--amp`` / ``--amp-dtype`` or the config's ``AmpOptimWrapper``, on any device.
+
+    With CUDA: mmengine's ``AmpOptimWrapper``. Without: ``mmplugin.AmpOptimWrapper`` (the same arguments and
+    checkpoint state; mmengine's refuses to start without an accelerator), so an AMP config trains on the CPU in
+    the precision it names instead of silently in fp32. ``dtype`` ('float16' / 'bfloat16') overrides the config's.
+    """
+    optim = cfg.get('optim_wrapper')
+    if optim is None or not (amp or dtype or optim.get('type') in ('AmpOptimWrapper', 'mmplugin.AmpOptimWrapper')):
+        return
+    if optim.get('type') not in (None, 'OptimWrapper', 'AmpOptimWrapper', 'mmplugin.AmpOptimWrapper'):
+        raise ValueError(f"--amp: the config's optim_wrapper type {optim.get('type')!r} is not an OptimWrapper; set "
+                         "optim_wrapper.type='AmpOptimWrapper' in the config instead")
+    if optim.get('type') in (None, 'OptimWrapper'):
+        optim.setdefault('loss_scale', 'dynamic')
+    optim.type = 'AmpOptimWrapper' if torch.cuda.is_available() else 'mmplugin.AmpOptimWrapper'
+    if dtype:
+        optim.dtype = dtype
+    if optim.type == 'mmplugin.AmpOptimWrapper':
+        from ..engine import default_amp_dtype
+        name = optim.get('dtype') or str(default_amp_dtype('cpu')).replace('torch.', '')
+        print(f'mixed precision on the CPU: mmplugin.AmpOptimWrapper, {name} autocast'
+              + (' with dynamic loss scaling' if name == 'float16' else ''))
+
+
 def prepare_runner_cfg(cfg, args) -> None:
     """Apply the common command-line options to ``cfg`` in place (work_dir, launcher, AMP, resume)."""
     if getattr(args, 'work_dir', None):
@@ -99,19 +123,7 @@ def prepare_runner_cfg(cfg, args) -> None:
         vis.pop('name')
     from .ddp import setup_cpu_distributed
     setup_cpu_distributed(cfg)
-    has_accel = torch.cuda.is_available()
-    optim = cfg.get('optim_wrapper')
-    if getattr(args, 'amp', False) and optim is not None:
-        if has_accel:
-            optim.type = 'AmpOptimWrapper'
-            optim.setdefault('loss_scale', 'dynamic')
-        else:
-            warnings.warn('--amp needs a GPU (mmengine AmpOptimWrapper); training in fp32 on the CPU')
-    if optim is not None and optim.get('type') == 'AmpOptimWrapper' and not has_accel:
-        warnings.warn('the config uses AmpOptimWrapper but no GPU is available; training in fp32')
-        optim.type = 'OptimWrapper'
-        optim.pop('loss_scale', None)
-        optim.pop('dtype', None)
+    prepare_amp(cfg, getattr(args, 'amp', False), getattr(args, 'amp_dtype', None))
     resume = getattr(args, 'resume', None)
     if resume == 'auto':
         skipped: list[str] = []

@@ -31,6 +31,7 @@ from mmengine.model import BaseModule
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from ..layers.precision import autocast_dtype
 from .arguments import check_int_list
 from .pretrained import PretrainedMixin, resolve_pretrained
 from .registry import FAMILIES, detect_family, get_family, register_family
@@ -207,7 +208,7 @@ class BaseBackbone(PretrainedMixin, BaseModule):
                             'convert it with .float() (and normalise it as the data preprocessor does)')
         param = next(self.parameters(), None)
         if param is not None and x.dtype != param.dtype and not (
-                torch.is_autocast_enabled(x.device.type) and x.dtype in (torch.float32, torch.bfloat16, torch.float16)):
+                autocast_dtype(x.device.type) is not None and x.dtype in (torch.float32, torch.bfloat16, torch.float16)):
             raise TypeError(f'{self.public_name()}: input dtype {x.dtype} does not match the model\'s parameter dtype '
                             f'{param.dtype}; convert the input (x.to({param.dtype})) or the model, or run under '
                             'torch.autocast for mixed precision')

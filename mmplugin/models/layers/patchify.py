@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .precision import autocast_dtype
+
 __all__ = ['patchify_linear', 'patch_embed']
 
 
@@ -48,10 +50,9 @@ def patch_embed(x: torch.Tensor, proj: nn.Conv2d) -> torch.Tensor:
     fp32 / fp64 without autocast: the channels-last convolution. Under autocast or for half-precision inputs: the
     patch GEMM, with the input cast to the compute dtype before the permuted copy (half the bytes to move).
     """
-    device = x.device.type
-    autocast = torch.is_autocast_enabled(device)
-    if not autocast and x.dtype in (torch.float32, torch.float64):
+    autocast = autocast_dtype(x.device.type)
+    if autocast is None and x.dtype in (torch.float32, torch.float64):
         return proj(x.contiguous(memory_format=torch.channels_last)).permute(0, 2, 3, 1)
-    if autocast:
-        x = x.to(torch.get_autocast_dtype(device))
+    if autocast is not None:
+        x = x.to(autocast)
     return patchify_linear(x, proj.weight, proj.bias)

@@ -111,9 +111,9 @@ class SwinStage(nn.Module):
         if not self.pad_small_map and min(h, w) <= ws:
             # official classification code / timm / mmpretrain: the window shrinks to the map, no shift
             ws, shift = min(h, w), 0
-        geoms = [WindowGeometry(h, w, ws, 0, x.device)]
+        geoms = [WindowGeometry(h, w, ws, 0, x.device, x.dtype)]
         if len(self.blocks) > 1:
-            geoms.append(WindowGeometry(h, w, ws, shift, x.device) if shift else geoms[0])
+            geoms.append(WindowGeometry(h, w, ws, shift, x.device, x.dtype) if shift else geoms[0])
         for j, blk in enumerate(self.blocks):
             x = run_block(blk, x, geoms[j % 2]) if run_block is not None else blk(x, geoms[j % 2])
         return x, (self.downsample(x) if self.downsample is not None else None)

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .precision import fp32_normalize
 from .windows import MASK_VALUE, WindowGeometry, is_tracing, must_pad, padded_size, window_index
 
 __all__ = [
@@ -214,8 +215,9 @@ class WindowAttentionV2(WindowAttentionBase):
         if self.q_bias is not None:
             bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias), self.v_bias))
         q, k, v = _split_heads(F.linear(win, self.qkv.weight, bias), self.num_heads)
-        scale = torch.exp(torch.clamp(self.logit_scale, max=math.log(100.0)))  # (heads, 1, 1), fp32-safe
-        return F.normalize(q, dim=-1) * scale.to(q.dtype), F.normalize(k, dim=-1), v, 1.0
+        scale = torch.exp(torch.clamp(self.logit_scale, max=math.log(100.0)))  # (heads, 1, 1): at most 100
+        # fp16 / bf16: normalised in fp32 (a zero padding token's norm is 0, and fp16 has no 1e-12 epsilon)
+        return fp32_normalize(q, scale=scale), fp32_normalize(k), v, 1.0
 
     def position_bias(self, ws: int | None = None) -> torch.Tensor:
         """From the CPB MLP; a smaller window on a small map (``pad_small_map=False``) gets its own coordinates,
@@ -225,6 +227,13 @@ class WindowAttentionV2(WindowAttentionBase):
             coords = self.relative_coords_table
         else:
             coords = self._coords(ws).to(self.relative_coords_table)
-        table = self.cpb_mlp(coords).view(-1, self.num_heads)
-        idx = relative_position_index(ws, table.device)
-        return 16 * torch.sigmoid(table[idx.view(-1)].view(ws * ws, ws * ws, -1).permute(2, 0, 1))
+        idx = relative_position_index(ws, coords.device).view(-1)
+        if torch.compiler.is_compiling() and torch.is_grad_enabled():
+            # Compiled training: the MLP runs on the gathered coordinates ((ws^2)^2 rows instead of (2ws-1)^2; the
+            # same values, row by row), so the backward holds no scatter-add over the repeated indices. Inductor's
+            # CPU code for that scatter-add loses updates on several threads (torch 2.13: the CPB gradients of
+            # every padded stage 80-150% off on 2 threads, exact on 1; tests/test_precision.py).
+            rows = self.cpb_mlp(coords.view(-1, 2)[idx])
+        else:
+            rows = self.cpb_mlp(coords).view(-1, self.num_heads)[idx]
+        return 16 * torch.sigmoid(rows.view(ws * ws, ws * ws, -1).permute(2, 0, 1))

@@ -83,20 +83,22 @@ _window_index = lru_cache(maxsize=64)(window_index)  # eager only: keys must be 
 class WindowGeometry:
     """Per-stage description of how an ``(H, W)`` map is windowed; computed once and shared by its blocks.
 
+    ``dtype`` is the map's: the shift mask is made in it, so a half-precision model adds no fp32 tensor.
     Eager: the index tensors come from a cache keyed by the size, so only the ``(nW, N, N)`` shift mask is built
     per stage and forward. While tracing (``h``, ``w`` may be SymInts), the same indices are computed in the graph
     and the map is always padded, so exported / compiled models run at any size with eager's exact arithmetic.
     """
 
-    def __init__(self, h: int, w: int, ws: int, shift: int, device: torch.device):
+    def __init__(self, h: int, w: int, ws: int, shift: int, device: torch.device, dtype: torch.dtype = torch.float32):
         self.h, self.w, self.ws, self.shift = h, w, ws, shift
         self.hp, self.wp = padded_size(h, ws), padded_size(w, ws)
         self.num_windows = (self.hp // ws) * (self.wp // ws)
         self.traced = is_tracing() or not isinstance(h, int) or not isinstance(w, int)
         index = window_index if self.traced else _window_index
         self.fwd, self.inv, label = index(h, w, ws, shift, device)
-        # (nW, N, N): 0 within a shift region, MASK_VALUE across
-        self.mask = None if label is None else (label[:, :, None] != label[:, None, :]).float() * MASK_VALUE
+        # (nW, N, N) in the map's dtype (a .half() model stays fp16): 0 within a shift region, MASK_VALUE across
+        # (exact in every float format)
+        self.mask = None if label is None else (label[:, :, None] != label[:, None, :]).to(dtype) * MASK_VALUE
 
     def partition(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, H, W, C)`` -> ``(B * nW, ws*ws, C)``: pad bottom/right, cyclic shift, cut windows."""
