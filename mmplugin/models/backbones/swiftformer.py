@@ -27,7 +27,7 @@ from ...registry import MODELS
 from ..layers import (DropPath, can_fuse_onednn, conv_bn, fuse_conv_bn, linear_drop_path_rates, onednn_fusion_disabled,
                       scale_output_, uses_running_stats)
 from ..layers.conv_blocks import ConvEncoder, ConvMlp, ConvNormAct, LocalRepresentation, norm_layer
-from ..layers.precision import REDUCED_DTYPES
+from ..layers.precision import NARROW_RANGE_DTYPES
 from .arguments import check_int_list
 from .base import BaseBackbone
 
@@ -44,13 +44,13 @@ def l2_normalize(x: torch.Tensor, dim: int = -1, eps: float = 1e-12) -> torch.Te
     ``x * rsqrt(max(C * mean(x * x), eps^2))`` with the mean over the last two dims of a ``(B, N, C, 1)`` view
     (XNNPACK lowers it to global average pooling; it has no ``sum``); over tokens the squared norm is
     ``bmm(x^T, x)``. No size but ``C`` is read, so a dynamic batch exports without shape ops. Same value up to
-    rounding (float64: ~1e-16 relative). fp16 / bf16 tokens are normalised in fp32 and cast back (as
+    rounding (float64: ~1e-16 relative). fp16 tokens are normalised in fp32 and cast back (as
     ``F.normalize`` runs under GPU autocast, :mod:`~mmplugin.models.layers.precision`).
     """
     if x.dim() != 3 or dim not in (-1, 2, 1) or (dim == 1 and x.shape[-1] != 1):
         raise ValueError('l2_normalize takes tokens (B, N, C) with dim=-1, or token scores (B, N, 1) with dim=1; '
                          f'got {tuple(x.shape)}, dim={dim}')
-    low = x.dtype in REDUCED_DTYPES  # fp16's range: squares overflow past 256 and eps^2 is 0; computed in fp32
+    low = x.dtype in NARROW_RANGE_DTYPES  # fp16's range: squares overflow past 256 and eps^2 is 0: in fp32
     xf = x.float() if low else x
     if dim == 1:
         sq = torch.bmm(xf.transpose(1, 2), xf)  # (B, 1, 1)

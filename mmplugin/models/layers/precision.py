@@ -12,9 +12,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-__all__ = ['REDUCED_DTYPES', 'autocast_dtype', 'fp32_normalize']
+__all__ = ['REDUCED_DTYPES', 'NARROW_RANGE_DTYPES', 'autocast_dtype', 'fp32_normalize']
 
 REDUCED_DTYPES = (torch.float16, torch.bfloat16)
+# dtypes whose exponent range is narrower than fp32's: their reductions run in fp32. bf16 has fp32's range (its
+# 1e-12 epsilon and sums of squares are representable) and keeps its own, faster path: normalising Swin V2-T's
+# queries and keys in fp32 under bf16 autocast cost 16% of the forward (800x1216, Xeon family 6 model 167).
+NARROW_RANGE_DTYPES = (torch.float16, )
 
 
 def autocast_dtype(device_type: str) -> torch.dtype | None:
@@ -35,13 +39,13 @@ _AUTOCAST_DEVICES = frozenset(('cpu', 'cuda', 'xpu', 'mps', 'hpu', 'mtia', 'xla'
 
 def fp32_normalize(x: torch.Tensor, dim: int = -1, scale: torch.Tensor | float | None = None,
                    eps: float = 1e-12) -> torch.Tensor:
-    """``F.normalize(x, dim=dim, eps=eps) * scale`` in ``x``'s dtype, computed in fp32 when ``x`` is fp16 / bf16.
+    """``F.normalize(x, dim=dim, eps=eps) * scale`` in ``x``'s dtype, computed in fp32 when ``x`` is fp16.
 
     ``scale`` (broadcastable, e.g. Swin V2's per-head logit scale ``(heads, 1, 1)``) is applied before the cast
-    back, so the product is rounded once. fp32 and fp64 inputs take ``F.normalize`` as it is (bit-identical to the
+    back, so the product is rounded once. Other dtypes take ``F.normalize`` as it is (bit-identical to the
     unscaled formulation when ``scale`` is None).
     """
-    if x.dtype in REDUCED_DTYPES:
+    if x.dtype in NARROW_RANGE_DTYPES:
         y = F.normalize(x.float(), dim=dim, eps=eps)
         if scale is not None:
             y = y * (scale.float() if isinstance(scale, torch.Tensor) else scale)

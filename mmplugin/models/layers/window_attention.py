@@ -216,7 +216,7 @@ class WindowAttentionV2(WindowAttentionBase):
             bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias), self.v_bias))
         q, k, v = _split_heads(F.linear(win, self.qkv.weight, bias), self.num_heads)
         scale = torch.exp(torch.clamp(self.logit_scale, max=math.log(100.0)))  # (heads, 1, 1): at most 100
-        # fp16 / bf16: normalised in fp32 (a zero padding token's norm is 0, and fp16 has no 1e-12 epsilon)
+        # fp16: normalised in fp32 (a zero padding token's norm is 0, and fp16 has no 1e-12 epsilon)
         return fp32_normalize(q, scale=scale), fp32_normalize(k), v, 1.0
 
     def position_bias(self, ws: int | None = None) -> torch.Tensor:
