@@ -8,10 +8,16 @@ torch >= 2.6 (see :mod:`mmplugin.checkpoint`). A config needs only::
 It also teaches mmengine the ``mmplugin::`` config prefix (``_base_ = ['mmplugin::swin_t_maskrcnn_1x.py']``, see
 :mod:`mmplugin.config_scope`).
 """
-from .version import __version__
-from .checkpoint import install_safe_checkpoint_loading
-from .config_scope import config_file, config_root, install_config_scope
-from .registry import MODELS, OPTIM_WRAPPER_CONSTRUCTORS
+import warnings
+
+# mmengine and mmcv import setuptools' pkg_resources, which warns three times on every start-up with setuptools 80
+# (nothing a user of the plugin can act on); only that message is silenced, before they are imported
+warnings.filterwarnings('ignore', message='pkg_resources is deprecated', category=UserWarning)
+
+from .version import __version__  # noqa: E402
+from .checkpoint import install_safe_checkpoint_loading  # noqa: E402
+from .config_scope import config_file, config_root, install_config_scope  # noqa: E402
+from .registry import MODELS, OPTIM_WRAPPER_CONSTRUCTORS  # noqa: E402
 
 install_safe_checkpoint_loading()
 install_config_scope()

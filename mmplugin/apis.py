@@ -10,6 +10,7 @@ there, and refused where the neck is exported too.
 """
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 from torch import nn
 
 __all__ = ['PartError', 'PART_CHILDREN', 'load_config', 'build_model', 'checkpoint_fit',
-           'load_checkpoint_checked']
+           'load_checkpoint_checked', 'ConfigWiringError', 'check_model_wiring', 'nearest_config']
 
 # the model's top-level children each part runs; None: the whole model
 PART_CHILDREN: dict[str, tuple[str, ...] | None] = {
@@ -39,15 +40,40 @@ def load_config(cfg, cfg_options: Mapping | None = None):
     import copy
 
     from mmengine.config import Config
+
+    from .utils.cli import check_cfg_option_keys
     if isinstance(cfg, (str, os.PathLike)):
         if not os.path.isfile(cfg):
-            raise FileNotFoundError(f'config file not found: {cfg}')
+            raise FileNotFoundError(f'config file not found: {cfg}{nearest_config(str(cfg))}')
         cfg = Config.fromfile(cfg)
     else:
         cfg = copy.deepcopy(cfg)
     if cfg_options:
-        cfg.merge_from_dict(dict(cfg_options))
+        from .utils.cli import CfgOptionError
+        try:
+            cfg.merge_from_dict(check_cfg_option_keys(cfg, dict(cfg_options)))
+        except TypeError as err:  # e.g. a dict merged into a key the config holds as None
+            raise CfgOptionError(f'--cfg-options: {err}') from None
     return cfg
+
+
+def nearest_config(path: str) -> str:
+    """`` (did you mean ...?)`` with the config files nearest in name to a missing ``path``: those of its folder
+    and of the plugin's configs (every family and task folder), or '' when none is close."""
+    import difflib
+    import glob
+
+    from .config_scope import config_root
+    folder = os.path.dirname(path) or '.'
+    pool = set(glob.glob(os.path.join(folder, '*.py'))) if os.path.isdir(folder) else set()
+    root = os.path.realpath(config_root())  # the installed configs are a link to the source tree's
+    pool |= {p for p in glob.glob(os.path.join(root, '**', '*.py'), recursive=True) if '_base_' not in p}
+    by_name: dict[str, list[str]] = {}
+    for p in sorted({os.path.relpath(os.path.realpath(p)) for p in pool}):
+        by_name.setdefault(os.path.basename(p), []).append(p)
+    near = difflib.get_close_matches(os.path.basename(path), list(by_name), n=2, cutoff=0.8)
+    found = [p for n in near for p in by_name[n]][:3]
+    return f' (did you mean {" or ".join(found)}?)' if found else ''
 
 
 class PartError(ValueError):
@@ -196,3 +222,65 @@ def build_model(cfg, checkpoint: str | None = None, *, strict: bool = True, part
     elif announce_random:
         print('note: no CHECKPOINT given: random weights (export and parity are still checked)')
     return model.eval().to(device=device, dtype=torch.float32)
+
+
+class ConfigWiringError(ValueError):
+    """The config's neck (or head) expects other channels than its backbone gives."""
+
+
+def _first_neck(model_cfg):
+    neck = model_cfg.get('neck')
+    if isinstance(neck, (list, tuple)):
+        neck = neck[0] if neck else None
+    return neck if isinstance(neck, Mapping) else None
+
+
+def check_model_wiring(cfg, name: str = 'the config') -> None:
+    """Refuse a neck whose ``in_channels`` do not match what the backbone returns (count or values), before any
+    model is built or data read: mmdet's FPN stops on a bare ``AssertionError`` for a wrong count and a convolution
+    on "expected input ... to have 96 channels" for wrong values, and a test run blames the checkpoint.
+
+    The backbone is built on the ``meta`` device (no memory, no weights) and run on a 64x64 image for its output
+    channels. Segmentors without a neck: the decode head's ``in_channels`` at its ``in_index``. A backbone that
+    cannot run on ``meta`` (compiled ops) is not checked.
+
+    Raises:
+        ConfigWiringError: one line naming both lists and the fix.
+    """
+    from mmengine.registry import MODELS, init_default_scope
+
+    cfg = load_config(cfg)
+    model_cfg = cfg.get('model') or {}
+    backbone_cfg = model_cfg.get('backbone')
+    if not isinstance(backbone_cfg, Mapping):
+        return
+    neck, head = _first_neck(model_cfg), model_cfg.get('decode_head')
+    if neck is not None and 'in_channels' in neck:
+        want, who = neck['in_channels'], f"model.neck ({neck.get('type')}) in_channels"
+    elif neck is None and isinstance(head, Mapping) and 'in_channels' in head:
+        want, who = head['in_channels'], f"model.decode_head ({head.get('type')}) in_channels"
+    else:
+        return
+    init_default_scope(cfg.get('default_scope', 'mmdet'))
+    backbone_cfg = copy.deepcopy(dict(backbone_cfg))
+    backbone_cfg.pop('init_cfg', None)
+    backbone_cfg.pop('pretrained', None)
+    try:
+        with torch.device('meta'):
+            backbone = MODELS.build(backbone_cfg).eval()
+            outs = backbone(torch.empty(1, backbone_cfg.get('in_channels', 3), 64, 64))
+    except Exception:  # noqa: BLE001  (not every backbone runs on meta: then mmdet / mmseg check at run time)
+        return
+    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+    got = [int(o.shape[1]) for o in outs]
+    if neck is None and isinstance(head, Mapping):
+        index = head.get('in_index', -1)
+        got = [got[i] for i in index] if isinstance(index, (list, tuple)) else got[index]
+    want_list = [int(c) for c in want] if isinstance(want, (list, tuple)) else int(want)
+    if want_list != got:
+        indices = backbone_cfg.get('out_indices')
+        raise ConfigWiringError(
+            f'{name}: {who} is {want_list} but the backbone ({backbone_cfg.get("type")}'
+            + (f', out_indices={tuple(indices)}' if indices is not None else '')
+            + f') gives {got}; set {who.split(" (")[0]}.in_channels={got}'
+            + (' or change the backbone\'s out_indices' if indices is not None else ''))

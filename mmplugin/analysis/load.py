@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ['machine_load', 'load_warning']
+__all__ = ['machine_load', 'load_warning', 'TIMING', 'TRAINING']
 
 
 def machine_load() -> float | None:
@@ -15,8 +15,13 @@ def machine_load() -> float | None:
         return None
 
 
+TIMING = ('times and even ratios are skewed; time on an idle machine or with fewer --threads')
+TRAINING = ('training runs correspondingly slower than on an idle machine (on 2 cores shared with one other job, '
+            'the demo took 42 min instead of ~14) and mmengine\'s ETA assumes the speed of the first iterations')
+
+
 def load_warning(threads: int, *, load: float | None = None, cores: int | None = None,
-                 slack: float = 0.5) -> str | None:
+                 slack: float = 0.5, effect: str = TIMING) -> str | None:
     """A warning when other work competes for the cores the timing uses, else None.
 
     Args:
@@ -25,6 +30,7 @@ def load_warning(threads: int, *, load: float | None = None, cores: int | None =
             while the tool starts up, before timing).
         cores: logical CPUs (default ``os.cpu_count()``).
         slack: load beyond the free cores tolerated before warning (short-lived processes).
+        effect: what the load does to the work at hand (:data:`TIMING`, :data:`TRAINING`).
 
     Returns:
         The warning text when ``load - 1`` (others' runnable work) exceeds the cores left free
@@ -38,6 +44,5 @@ def load_warning(threads: int, *, load: float | None = None, cores: int | None =
     free = max(cores - threads, 0)
     if others <= free + slack:
         return None
-    return (f'warning: the machine is loaded (load average {load:.1f} on {cores} CPUs while timing with {threads} '
-            f'threads): other processes share the cores, so times and even ratios are skewed; time on an idle '
-            'machine or with fewer --threads')
+    return (f'warning: the machine is loaded (load average {load:.1f} on {cores} CPUs, {threads} threads here): '
+            f'other processes share the cores, so {effect}')

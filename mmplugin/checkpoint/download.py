@@ -112,7 +112,7 @@ def _download(url: str, dst: str, progress: bool, timeout: float) -> None:
     except urllib.error.HTTPError as err:
         if err.code in (404, 410):
             raise CheckpointNotFoundError(f'checkpoint URL not found (HTTP {err.code}): {url}; check the address '
-                                          '(README, "Official weights")') from None
+                                          '(docs/configuring.md, "Pretrained weights")') from None
         raise CheckpointError(f'downloading {url} failed: HTTP {err.code} {err.reason}; try again later, or '
                               f'{offline}') from None
     except (urllib.error.URLError, OSError, ValueError) as err:

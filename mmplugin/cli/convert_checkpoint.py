@@ -86,8 +86,8 @@ def main(argv=None) -> int:
     p.add_argument('--out-indices', type=int, nargs='+', default=None, help='default: 0 1 2 3')
     p.add_argument('--config', default=None,
                    help="whole-model checkpoint: convert it to this config's detector / segmentor (strict fit)")
-    from mmengine.config import DictAction
-    p.add_argument('--cfg-options', nargs='+', action=DictAction, help='with --config: override config entries')
+    from ..utils.cli import CfgOptionsAction
+    p.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction, help='with --config: override config entries')
     args = p.parse_args(argv)
     from ..checkpoint import CheckpointError
     if args.config is None and args.cfg_options:

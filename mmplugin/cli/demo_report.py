@@ -140,7 +140,7 @@ def glob_logs(work_dir):
 
 @tool_main
 def main(argv=None) -> int:
-    from mmengine.config import DictAction
+    from ..utils.cli import CfgOptionsAction
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest='cmd', required=True)
     for name in ('det-pictures', 'seg-pictures'):
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
         s.add_argument('--out', required=True)
         s.add_argument('--num', type=int, default=3)
         s.add_argument('--score-thr', type=float, default=0.5)
-        s.add_argument('--cfg-options', nargs='+', action=DictAction)
+        s.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction)
     s = sub.add_parser('curves')
     s.add_argument('--run', action='append', required=True, help='TITLE=WORK_DIR (of tools/train.py)')
     s.add_argument('--out', required=True)

@@ -37,7 +37,7 @@ def _shape(s: str) -> tuple[int, ...]:
 
 
 def parse_args(argv=None):
-    from mmengine.config import DictAction
+    from ..utils.cli import CfgOptionsAction
 
     from ..deploy import DEFAULT_OPSET, PARTS
     from ..deploy.backends import BACKENDS
@@ -58,7 +58,7 @@ def parse_args(argv=None):
                    help='BxHxW sizes at which the runtime is compared with eager (none: skip; default onnx '
                    '1x97x131 3x61x300 1x33x45, other backends the --example shape, the only one they take)')
     p.add_argument('--tol', type=float, default=1e-4, help='max relative error allowed by --verify')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    p.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction)
     args = p.parse_args(argv)
     if args.precision and args.backend != 'coreml':
         p.error('--precision applies to --backend coreml only')

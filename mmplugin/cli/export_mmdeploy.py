@@ -39,7 +39,7 @@ def _size(s: str) -> tuple[int, int]:
 
 
 def parse_args(argv=None):
-    from mmengine.config import DictAction
+    from ..utils.cli import CfgOptionsAction
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config')
     p.add_argument('checkpoint', nargs='?', default=None, help='trained weights (loaded weights-only)')
@@ -52,7 +52,7 @@ def parse_args(argv=None):
     p.add_argument('--image', default=None, help='also compare on this image (config test pipeline)')
     p.add_argument('--mmdeploy-heads', action='store_true',
                    help="keep mmdeploy's own RPN / R-CNN post-processing (differs from mmdet's, see mmdeploy_compat)")
-    p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    p.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction)
     return p.parse_args(argv)
 
 

@@ -17,12 +17,12 @@ from ..utils.cli import run_tool, tool_main
 
 @tool_main
 def main(argv=None) -> int:
-    from mmengine.config import DictAction
+    from ..utils.cli import CfgOptionsAction
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config')
     p.add_argument('--step-size', type=int, default=None, help='also run one training step on an NxN image')
     p.add_argument('--min-num-params', type=int, default=0, help='smallest block that becomes an FSDP unit')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    p.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction)
     args = p.parse_args(argv)
     import torch
     import torch.distributed as dist

@@ -42,7 +42,7 @@ def _fits(cfg, ckpt, args) -> bool:
 
 
 def _parse(argv):
-    from mmengine.config import DictAction
+    from ..utils.cli import CfgOptionsAction
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config')
     p.add_argument('checkpoint')
@@ -54,7 +54,7 @@ def _parse(argv):
                                       'PNGs beside it)')
     p.add_argument('--score-thr', type=float, default=0.3, help='drawing threshold (the json keeps all)')
     p.add_argument('--device', default='cpu')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction,
+    p.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction,
                    help='override config entries, key=value (as tools/train.py and tools/test.py)')
     p.add_argument('--allow-partial', action='store_true',
                    help='run even if the checkpoint does not fit the model (missing keys stay random)')
@@ -105,6 +105,8 @@ def main(argv=None) -> int:
     from ..deploy import compile_backbone_and_neck, enable_fast_inference
     from ..inference.fast import fast_inference_message
     cfg = load_config(args.config, args.cfg_options)
+    from ..apis import check_model_wiring
+    check_model_wiring(cfg, args.config)  # a neck that does not fit the backbone: the config's mistake, before any data
     cfg.model.get('backbone', {}).pop('init_cfg', None)
     if not _fits(cfg, ckpt, args):
         return 2

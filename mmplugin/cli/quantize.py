@@ -19,7 +19,7 @@ import sys
 from ..utils.cli import require_files, run_tool, tool_main
 
 def parse_args(argv=None):
-    from mmengine.config import DictAction
+    from ..utils.cli import CfgOptionsAction
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config')
     p.add_argument('checkpoint')
@@ -30,7 +30,7 @@ def parse_args(argv=None):
                    help='presets (attention_norm, attention, none) or module class / qualified names kept float')
     p.add_argument('--num-calib', type=int, default=32, help='training images used for calibration')
     p.add_argument('--eval', action='store_true', help='evaluate fp32 and int8 on the test split')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    p.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction)
     args = p.parse_args(argv)
     if args.num_calib < 1:
         p.error('--num-calib must be >= 1')

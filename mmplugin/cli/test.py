@@ -24,7 +24,7 @@ from ..utils.cli import add_inference_options, require_files, run_tool, tool_mai
 
 
 def parse_args(argv=None):
-    from mmengine.config import DictAction
+    from ..utils.cli import CfgOptionsAction
     p = argparse.ArgumentParser(description='Evaluate a trained detector or segmentor.')
     p.add_argument('config')
     p.add_argument('checkpoint')
@@ -37,7 +37,7 @@ def parse_args(argv=None):
     p.add_argument('--out-dir', help='folder of the --format-only files')
     p.add_argument('--out', help='dump the raw predictions to this .pkl file (as mmdet\'s / mmseg\'s test tools)')
     add_inference_options(p)
-    p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    p.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction)
     p.add_argument('--allow-partial', action='store_true',
                    help='evaluate even if the checkpoint does not fit the model (missing keys stay random)')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
@@ -72,15 +72,17 @@ def _apply_evaluation_options(cfg, args) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import mmplugin  # noqa: F401
-    from mmengine.runner import Runner
 
     from ..apis import checkpoint_fit, load_config
     from ..checkpoint import load_checkpoint_file
-    from ..utils import check_datasets, prepare_runner_cfg
-    from ..utils.evaluation import add_dump_metric, check_dump_path, is_segmentor_cfg
+    from ..utils import build_runner, check_datasets, prepare_runner_cfg
+    from ..utils.evaluation import add_dump_metric, check_distinct_outputs, check_dump_path, is_segmentor_cfg
 
     require_files(('config', args.config), ('checkpoint', args.checkpoint), urls=True)
     cfg = load_config(args.config, args.cfg_options)
+    from ..apis import check_model_wiring
+    check_model_wiring(cfg, args.config)  # a neck that does not fit the backbone: the config's mistake, before any data
+    check_distinct_outputs(args.out, args.out_dir, args.show_dir, is_segmentor_cfg(cfg))
     check_datasets(cfg, splits=('test', ))  # user errors end as one line (mmplugin.utils.cli)
     ckpt = load_checkpoint_file(args.checkpoint)  # fail fast, with a clear message, on a bad file
     args.resume = None
@@ -90,7 +92,7 @@ def main(argv=None) -> int:
     _apply_evaluation_options(cfg, args)
     if args.out:
         check_dump_path(args.out)
-    runner = Runner.from_cfg(cfg)
+    runner = build_runner(cfg)
     if args.out:
         print(f'--out: dumping raw predictions to {add_dump_metric(runner, args.out, is_segmentor_cfg(cfg))}')
     problem = checkpoint_fit(runner.model, ckpt, source=args.checkpoint, model_name=args.config)

@@ -17,7 +17,7 @@ from ..utils.cli import run_tool, tool_main
 
 
 def parse_args(argv=None):
-    from mmengine.config import DictAction
+    from ..utils.cli import CfgOptionsAction
     p = argparse.ArgumentParser(description='Train a detector or segmentor (mmdet / mmseg config).')
     p.add_argument('config', help='config file')
     p.add_argument('--work-dir', help='where logs and checkpoints go (default: work_dirs/<config name>)')
@@ -28,7 +28,7 @@ def parse_args(argv=None):
                    help='mixed precision: fp16 autocast with loss scaling on CUDA, bf16 autocast on the CPU')
     p.add_argument('--amp-dtype', choices=['float16', 'bfloat16'], default=None,
                    help='the autocast dtype of --amp (implies --amp); float16 runs with dynamic loss scaling')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config values, key=value')
+    p.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction, help='override config values, key=value')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=0)
     args = p.parse_args(argv)
@@ -46,6 +46,8 @@ def main(argv=None) -> int:
 
     from ..apis import load_config
     cfg = load_config(args.config, args.cfg_options)  # a missing file: one error line (tool_main)
+    from ..apis import check_model_wiring
+    check_model_wiring(cfg, args.config)  # a neck that does not fit the backbone: the config's mistake, before any data
     try:
         check_datasets(cfg, splits=('train', 'val') if cfg.get('val_cfg') else ('train', ))
     except DatasetConfigError as err:
@@ -57,6 +59,12 @@ def main(argv=None) -> int:
         print(f'error: --resume: {err}', file=sys.stderr)
         return 2
     runner = build_runner(cfg)
+    import torch
+    if not torch.cuda.is_available():
+        from ..analysis.load import TRAINING, load_warning
+        busy = load_warning(torch.get_num_threads(), effect=TRAINING)
+        if busy:
+            print(busy, file=sys.stderr, flush=True)
     runner.train()
     return 0
 

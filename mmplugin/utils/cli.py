@@ -17,7 +17,8 @@ import re
 import sys
 from typing import Callable, Iterable
 
-__all__ = ['tool_main', 'run_tool', 'user_error_message', 'closest', 'TRACEBACK_ENV']
+__all__ = ['tool_main', 'run_tool', 'user_error_message', 'closest', 'TRACEBACK_ENV', 'CfgOptionError', 'CfgOptionsAction',
+           'NEW_KEY_PREFIX', 'check_cfg_option_keys']
 
 TRACEBACK_ENV = 'MMPLUGIN_TRACEBACK'
 
@@ -26,6 +27,78 @@ _UNEXPECTED_KW = re.compile(r"(\w+)\.__init__\(\) got an unexpected keyword argu
 _UNKNOWN_ARG = re.compile(r'- (\w+): unknown argument of ([\w.]+)')
 _UNKNOWN_ARCH = re.compile(r"unknown arch '([^']+)'; valid: \[([^\]]*)\]")
 _CONFIG_SYNTAX = 'There are syntax errors in config'
+
+
+NEW_KEY_PREFIX = '+'  # --cfg-options +key=value: a key the config does not have yet, on purpose
+
+
+class CfgOptionError(ValueError):
+    """A ``--cfg-options`` item that is malformed or names a key the config does not have."""
+
+
+def _cfg_options_action():
+    from mmengine.config import DictAction
+
+    class CfgOptionsAction(DictAction):
+        """mmengine's ``DictAction`` (``key=value``, lists, tuples), with a one-line error for an item that is not
+        ``KEY=VALUE`` (mmengine's ends in a traceback: "not enough values to unpack")."""
+
+        def __call__(self, parser, namespace, values, option_string=None):
+            for item in values:
+                key, eq, _ = item.partition('=')
+                if not eq or not key.lstrip(NEW_KEY_PREFIX):
+                    raise CfgOptionError(f'{option_string} {item!r}: expected KEY=VALUE, e.g. '
+                                         "model.backbone.arch=l1 (a key the config does not have yet: "
+                                         f"{NEW_KEY_PREFIX}KEY=VALUE)")
+            super().__call__(parser, namespace, values, option_string)
+    return CfgOptionsAction
+
+
+class _LazyAction:
+    """``CfgOptionsAction`` built on first use, so importing this module does not import mmengine."""
+
+    def __call__(self, *args, **kwargs):
+        return _cfg_options_action()(*args, **kwargs)
+
+
+CfgOptionsAction = _LazyAction()
+
+
+def check_cfg_option_keys(cfg, options) -> dict:
+    """The ``--cfg-options`` dict to merge into ``cfg``, with probable typos refused.
+
+    A top-level key the config does not have, or a nested key missing where a sibling has a close name
+    (``model.backbon.arch``), raises :class:`CfgOptionError` naming the nearest existing key; mmengine would merge
+    it silently and the run would go on as if nothing had been given. New keys inside an existing part
+    (``model.backbone.with_cp=True``) pass. ``+KEY=VALUE`` marks any key as intentionally new.
+    """
+    out = {}
+    for raw, value in options.items():
+        new = raw.startswith(NEW_KEY_PREFIX)
+        key = raw[len(NEW_KEY_PREFIX):] if new else raw
+        out[key] = value
+        if new:
+            continue
+        node, path = cfg, []
+        for depth, part in enumerate(key.split('.')):
+            if isinstance(node, (list, tuple)) and part.isdigit():
+                node = node[int(part)] if int(part) < len(node) else None
+                path.append(part)
+                continue
+            if not hasattr(node, 'keys'):
+                break
+            if part in node:
+                node = node[part]
+                path.append(part)
+                continue
+            near = closest(part, [str(k) for k in node.keys()], n=1)
+            if depth == 0 or near:
+                where = '.'.join(path) or 'the config'
+                hint = f"did you mean {'.'.join(path + near)!r}? " if near else ''
+                raise CfgOptionError(f'--cfg-options {key}: {where} has no key {part!r}; {hint}'
+                                     f'(a key meant to be new: {NEW_KEY_PREFIX}{key}=...)')
+            break
+    return out
 
 
 def closest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
@@ -101,13 +174,13 @@ def _with_keyword_hints(message: str) -> str:
 def _is_user_error(err: BaseException) -> bool:
     from mmengine.config.utils import ConfigParsingError
 
-    from ..apis import PartError
+    from ..apis import ConfigWiringError, PartError
     from ..checkpoint import CheckpointError
     from ..models.backbones.openmmlab_compat import UnsupportedArgumentsError
     from .datasets import DatasetConfigError
     from .evaluation import TestOptionError
     from .predictions import PredictionOutputError
-    if isinstance(err, (FileNotFoundError, PartError, CheckpointError, UnsupportedArgumentsError, DatasetConfigError,
+    if isinstance(err, (CfgOptionError, ConfigWiringError, FileNotFoundError, PartError, CheckpointError, UnsupportedArgumentsError, DatasetConfigError,
                         TestOptionError, PredictionOutputError, ConfigParsingError)):
         return True
     text = str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
@@ -175,7 +248,11 @@ def require_files(*named: tuple[str, str | None], urls: bool = False) -> None:
     from ..checkpoint import is_url
     for what, path in named:
         if path and not os.path.isfile(path) and not (urls and what == 'checkpoint' and is_url(path)):
-            raise FileNotFoundError(f'{what} file not found: {path}')
+            hint = ''
+            if what == 'config':
+                from ..apis import nearest_config
+                hint = nearest_config(path)
+            raise FileNotFoundError(f'{what} file not found: {path}{hint}')
 
 
 def tool_main(main: Callable[..., object]) -> Callable[..., object]:

@@ -59,7 +59,7 @@ def check_datasets(cfg, splits=('train', 'val', 'test')) -> None:
         cfg: an mmengine ``Config``.
         splits: which of ``{split}_dataloader`` to check.
     """
-    problems, kinds = [], set()
+    problems, kinds, own = [], set(), False
     for split in splits:
         loader = cfg.get(f'{split}_dataloader')
         if not loader:
@@ -79,17 +79,46 @@ def check_datasets(cfg, splits=('train', 'val', 'test')) -> None:
                 if not exists(path):
                     problems.append(f'  [{split}] {kind}: {what} not found: {path}')
                     stuff = what == 'seg folder' and 'Coco' in kind
-                    kinds.add('COCO-stuff' if stuff else kind.split('.')[-1])
+                    hint = 'COCO-stuff' if stuff else kind.split('.')[-1]
+                    if hint in _HINTS and _public_layout(hint, path):
+                        kinds.add(hint)
+                    else:
+                        own = True
     if problems:
         lines = ['dataset files are missing:'] + problems
         for kind in sorted(kinds):
-            if kind in _HINTS:
-                name, layout, url = _HINTS[kind]
-                lines.append(f'{name} is expected as {layout}; get it from {url}.')
-        lines.append('Point the config elsewhere with --cfg-options train_dataloader.dataset.data_root=PATH '
-                     '(and val_/test_dataloader likewise), or run the bundled demo: bash tools/demo.sh')
+            name, layout, url = _HINTS[kind]
+            lines.append(f'{name} is expected as {layout}; get it from {url}.')
+        if own:  # the user's own data (a custom template): its paths are the variables at the top of the config
+            lines.append('Your own data: set data_root and the annotation / image paths at the top of the config '
+                         'to where the files are (docs/custom_data.md, "Train on your own data").')
+        lines.append('Elsewhere than the config says: edit its data_root, or override every key that holds it: '
+                     + ' '.join(f'{k}={"FILE" if k.endswith("ann_file") else "PATH"}' for k in _root_keys(cfg, splits))
+                     + '. No data at hand: the bundled demo, bash tools/demo.sh')
         raise DatasetMissingError('\n'.join(lines))
     check_class_names(cfg, splits)
+
+
+# where each public dataset lives in the configs that ship for it (the hints only apply there)
+_PUBLIC_ROOTS = {'CocoDataset': 'data/coco/', 'COCO-stuff': 'data/coco/', 'ADE20KDataset': 'data/ade/'}
+
+
+def _public_layout(kind: str, path: str) -> bool:
+    return osp.normpath(path).startswith(osp.normpath(_PUBLIC_ROOTS[kind]))
+
+
+def _root_keys(cfg, splits) -> list[str]:
+    """The final config keys that carry the dataset location: each dataloader's data_root and the COCO
+    evaluators' annotation files (mmengine's ``--cfg-options data_root=...`` reaches none of them)."""
+    keys = [f'{split}_dataloader.dataset.data_root' for split in ('train', 'val', 'test')
+            if split in splits or split != 'train' and cfg.get(f'{split}_dataloader')]
+    for split in ('val', 'test'):
+        ev = cfg.get(f'{split}_evaluator')
+        for i, e in enumerate(ev if isinstance(ev, (list, tuple)) else [ev]):
+            if isinstance(e, dict) and e.get('ann_file'):
+                keys.append(f'{split}_evaluator.ann_file' if not isinstance(ev, (list, tuple))
+                            else f'{split}_evaluator.{i}.ann_file')
+    return keys
 
 
 _TAIL_BYTES = 4 << 20  # COCO writes 'categories' last: the tail of a large file holds it

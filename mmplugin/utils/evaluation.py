@@ -155,6 +155,24 @@ def configure_tta(cfg) -> None:
     cfg.model = tta
 
 
+def check_distinct_outputs(out: str | None, out_dir: str | None, show_dir: str | None, segmentor: bool) -> None:
+    """Refuse ``tools/test.py`` outputs that would overwrite one another: the ``--out`` pickle must not be either
+    folder, and a segmentor's ``--format-only`` label maps and ``--show-dir`` drawings (both one ``<image>.png`` per
+    image) need different folders.
+
+    Raises:
+        TestOptionError: names both options.
+    """
+    named = {k: osp.abspath(v) for k, v in (('--out', out), ('--out-dir', out_dir), ('--show-dir', show_dir)) if v}
+    for folder in ('--out-dir', '--show-dir'):
+        if '--out' in named and named.get(folder) == named['--out']:
+            raise TestOptionError(f'--out and {folder} are the same path ({out!r}): give the pickle a file name of its '
+                                  'own')
+    if segmentor and '--out-dir' in named and named['--out-dir'] == named.get('--show-dir'):
+        raise TestOptionError(f'--out-dir and --show-dir are the same folder ({out_dir!r}): the drawings would '
+                              'overwrite the label maps of the same names; give --show-dir another folder')
+
+
 def check_dump_path(out_file: str) -> str:
     """Refuse an ``--out`` that is not a pickle file name (before anything is built); returns its absolute path."""
     if not out_file.endswith(('.pkl', '.pickle')):

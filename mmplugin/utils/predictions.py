@@ -31,18 +31,30 @@ class PredictionOutputError(ValueError):
 def list_images(path: str) -> list[str]:
     """``[path]`` for a file; the images of a folder (by extension, sorted, not recursive) for a folder."""
     if osp.isfile(path):
+        _check_readable(path)
         return [path]
     if not osp.isdir(path):
         raise PredictionOutputError(f'image file or folder not found: {path}')
     images = sorted(osp.join(path, n) for n in os.listdir(path) if n.lower().endswith(IMAGE_EXTENSIONS))
     if not images:
         raise PredictionOutputError(f'no images ({", ".join(IMAGE_EXTENSIONS)}) in {path}')
+    for image in images:
+        _check_readable(image)
     stems = [osp.splitext(osp.basename(p))[0] for p in images]
     dup = sorted({s for s in stems if stems.count(s) > 1})
     if dup:
         raise PredictionOutputError(f'{path} holds images of the same name with different extensions ({dup}); '
                                     'their drawings and label maps would overwrite each other')
     return images
+
+
+def _check_readable(path: str) -> None:
+    """Refuse, before any model is built, a file OpenCV cannot decode (its header names no image format it reads:
+    a text file named ``x.jpg``, an empty or truncated download), instead of mmcv's "failed to load image"."""
+    import cv2
+    if os.path.getsize(path) == 0 or not cv2.haveImageReader(path):
+        raise PredictionOutputError(f'{path} is not an image OpenCV can read (empty, truncated, or another format '
+                                    'under an image name); give an image file or a folder of images')
 
 
 def check_drawing_path(out: str) -> None:

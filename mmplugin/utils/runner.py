@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import os.path as osp
 import re
 import zipfile
+from contextlib import contextmanager
 
 import torch
 
@@ -149,9 +151,46 @@ def prepare_runner_cfg(cfg, args) -> None:
 
 def build_runner(cfg):
     """mmengine's ``Runner``, or the runner that ``cfg.runner_type`` names (``'FlexibleRunner'`` for FSDP through
-    ``strategy=dict(type='FSDPStrategy')``), built from ``cfg``."""
-    if 'runner_type' not in cfg:
-        from mmengine.runner import Runner
-        return Runner.from_cfg(cfg)
+    ``strategy=dict(type='FSDPStrategy')``), built from ``cfg``.
+
+    The environment and config dump mmengine prints while it builds the runner (~480 lines) goes to the run's log
+    file only; the console gets one line naming that file, so a mistake found next is the first thing a user sees.
+    """
     from mmengine.registry import RUNNERS
-    return RUNNERS.build(cfg)
+    from mmengine.runner import Runner
+    cls = Runner if 'runner_type' not in cfg else RUNNERS.get(cfg.runner_type)
+    with _environment_dump_to_log_file(cls if isinstance(cls, type) else Runner):
+        if 'runner_type' not in cfg:
+            return Runner.from_cfg(cfg)
+        return RUNNERS.build(cfg)
+
+
+class _NotOnConsole(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return False
+
+
+@contextmanager
+def _environment_dump_to_log_file(runner_cls):
+    original = runner_cls._log_env
+
+    def log_env(self, env_cfg):
+        console = [h for h in self.logger.handlers
+                   if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
+        quiet = _NotOnConsole()
+        for h in console:
+            h.addFilter(quiet)
+        try:
+            original(self, env_cfg)
+        finally:
+            for h in console:
+                h.removeFilter(quiet)
+        log_file = getattr(self.logger, 'log_file', None)
+        if console and log_file:
+            print(f'environment and config: {log_file}', flush=True)
+
+    runner_cls._log_env = log_env
+    try:
+        yield
+    finally:
+        runner_cls._log_env = original

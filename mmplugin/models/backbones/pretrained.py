@@ -98,8 +98,8 @@ class PretrainedMixin:
                 raise CheckpointError(f'pretrained checkpoint {path!r} could not be fetched: {err}. Check the URL, '
                                       'or download the file and point init_cfg.checkpoint at it') from None
             raise CheckpointError(
-                f'pretrained checkpoint not found: {path!r}. Download the official weights (see README, "Official '
-                'weights") to that path, point init_cfg.checkpoint elsewhere, or train from scratch with '
+                f'pretrained checkpoint not found: {path!r}. Download the official weights (see docs/configuring.md, '
+                '"Pretrained weights") to that path, point init_cfg.checkpoint elsewhere, or train from scratch with '
                 '--cfg-options model.backbone.init_cfg=None') from None
         try:
             sd = unwrap_state_dict(ckpt, prefix=prefix)
