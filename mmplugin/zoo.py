@@ -120,3 +120,22 @@ def read_markdown_table(text: str, heading: str) -> list[dict[str, str]] | None:
             raise ValueError(f'"{heading}" table: {len(cells)} cells where the header has {len(header)}: {line}')
         rows.append(dict(zip(header, cells)))
     return rows
+
+
+def main(argv=None) -> int:
+    """``python -m mmplugin.zoo [WORD ...]``: one line per model of the index (name, config, weights or why none),
+    the models whose name or config contains every WORD; what ``mim search mmplugin`` lists, without openmim."""
+    import argparse
+    p = argparse.ArgumentParser(prog='python -m mmplugin.zoo', description=main.__doc__)
+    p.add_argument('words', nargs='*', help='keep the models whose name or config contains all of these')
+    args = p.parse_args(argv)
+    rows = [m for m in load_models()
+            if all(w.lower() in f"{m['Name']} {m.get('Config', '')}".lower() for w in args.words)]
+    for m in rows:
+        print(f"{m['Name']}  {m.get('Config', '')}  {m.get('Weights') or '(no weights: ' + str(m.get('No Weights', '')) + ')'}")
+    print(f'{len(rows)} of {len(load_models())} models')
+    return 0
+
+
+if __name__ == '__main__':
+    raise SystemExit(main())

@@ -442,3 +442,169 @@ def test_annotation_categories_of_a_large_file_from_its_tail(tmp_path, monkeypat
     monkeypatch.setattr(datasets, '_WHOLE_FILE_LIMIT', 1000)
     monkeypatch.setattr(datasets, '_TAIL_BYTES', 2000)
     assert datasets.annotation_categories(str(path)) == ['cat', 'dog']  # read from the last 2000 bytes
+
+
+# ------------------------------------------------------------------ the first hour: nothing lost, one-line errors
+def test_infer_keeps_the_label_map_beside_the_drawing(tmp_path, demo):
+    """``--out result.png --pred-out result.json`` (the README's line) on a segmentor: the drawing, the json and
+    the label map are three files; the json points at the label map, which holds mmseg's prediction."""
+    from mmengine.config import Config
+    from mmseg.apis import inference_model, init_model
+    img = str(sorted((demo['root'] / 'ade/images/validation').iterdir())[0])
+    os.chdir(tmp_path)
+    for args in (['--out', 'result.png', '--pred-out', 'result.json'], ['--pred-out', 'result.json']):
+        for p in tmp_path.iterdir():
+            p.unlink()
+        assert _tool('infer').main([SEG, demo['seg'], img, *args]) == 0
+        rec = json.loads((tmp_path / 'result.json').read_text())['predictions'][0]
+        assert rec['sem_seg_path'] == 'result_labels.png'
+        assert sorted(p.name for p in tmp_path.iterdir()) == ['result.json', 'result.png', 'result_labels.png']
+        label = cv2.imread('result_labels.png', cv2.IMREAD_UNCHANGED)
+        drawing = cv2.imread('result.png', cv2.IMREAD_UNCHANGED)
+        assert label.ndim == 2 and drawing.ndim == 3
+    model = init_model(Config.fromfile(SEG), demo['seg'], device='cpu')
+    assert (label == inference_model(model, img).pred_sem_seg.data.squeeze(0).numpy()).all()
+
+
+@pytest.mark.parametrize('case', ['labels-file', 'labels-folder', 'json'])
+def test_infer_refuses_outputs_that_overwrite_each_other(tmp_path, demo, capsys, case):
+    """Every pairing of --out with what --pred-out writes: a drawing path equal to the label map (one image), the
+    label-map folder (a folder of images) or the json is refused with rc 2 and one line, before anything runs."""
+    folder = demo['root'] / 'ade/images/validation'
+    image = str(sorted(folder.iterdir())[0])
+    js = tmp_path / 'p.json'
+    source, out = {'labels-file': (image, tmp_path / 'p_labels.png'), 'labels-folder': (str(folder), tmp_path / 'p'),
+                   'json': (image, js)}[case]
+    assert _tool('infer').main([SEG, demo['seg'], source, '--out', str(out), '--pred-out', str(js)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: ') and ('overwrite' in err[0] or 'not ' in err[0]), err
+    assert not js.exists()
+
+
+@pytest.mark.parametrize('case', ['out=out-dir', 'out=show-dir', 'out-dir=show-dir'])
+def test_test_tool_refuses_outputs_that_overwrite_each_other(tmp_path, demo, capsys, case):
+    """tools/test.py: --out equal to --out-dir or --show-dir, and a segmentor's --out-dir equal to --show-dir (label
+    maps and drawings share the image names), are refused with rc 2 and one line; distinct folders run."""
+    d = str(tmp_path / 'x.pkl')
+    opts = {'out=out-dir': ['--out', d, '--format-only', '--out-dir', d],
+            'out=show-dir': ['--out', d, '--show-dir', d],
+            'out-dir=show-dir': ['--format-only', '--out-dir', d, '--show-dir', d]}[case]
+    assert _tool('test').main([SEG, demo['seg'], *opts, '--cfg-options', *seg_opts(demo)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: ') and 'same' in err[0], err
+
+
+def test_neck_that_does_not_fit_the_backbone_is_the_configs_mistake(tmp_path, demo, capsys):
+    """A neck whose in_channels do not match the backbone (wrong count from out_indices, wrong values from another
+    arch) stops train / test / infer with one line naming both lists and the fix, before any data or checkpoint is
+    read (test.py used to blame the checkpoint, train.py ended in a bare AssertionError / a convolution error)."""
+    img = str(demo['root'] / 'coco/val/val_00000.png')
+    cases = [(['model.backbone.out_indices=(1,2,3)'], '[48, 56, 112, 220]', '[56, 112, 220]'),
+             (['model.backbone.arch=s'], '[48, 56, 112, 220]', '[48, 64, 168, 224]')]
+    for opts, want, got in cases:
+        for tool, args in (('train', [DET, '--work-dir', str(tmp_path)]), ('test', [DET, demo['det']]),
+                           ('infer', [DET, demo['det'], img])):
+            assert _tool(tool).main([*args, '--cfg-options', *opts]) == 2, tool
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and f'in_channels is {want}' in err[0] and f'gives {got}' in err[0], (tool, err)
+            assert f'model.neck.in_channels={got}' in err[0] and 'checkpoint' not in err[0]
+
+
+def test_unreadable_images_are_one_line(tmp_path, demo, capsys):
+    """A file that is not an image (alone or inside a folder) and an empty file: rc 2, one line naming the file,
+    before the model is built (mmcv ended in a 35-line traceback, 'failed to load image')."""
+    bad = tmp_path / 'notimage.jpg'
+    bad.write_text('hello')
+    empty = tmp_path / 'empty.png'
+    empty.write_bytes(b'')
+    folder = tmp_path / 'imgs'
+    folder.mkdir()
+    (folder / 'a.png').write_bytes((demo['root'] / 'coco/val/val_00000.png').read_bytes())
+    (folder / 'b.jpg').write_text('not a jpeg')
+    for source, name in ((bad, 'notimage.jpg'), (empty, 'empty.png'), (folder, 'b.jpg')):
+        assert _tool('infer').main([DET, demo['det'], str(source)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and name in err[0] and 'not an image' in err[0], err
+
+
+def test_cfg_options_mistakes_are_one_line(tmp_path, demo, capsys):
+    """--cfg-options without '=' and a top-level key that exists nowhere (``test_dataloder``): rc 2, one line with
+    the nearest existing key; a misspelled nested key whose sibling is close (``model.backbon``) too; a new key
+    inside an existing part passes, and ``+KEY=VALUE`` marks any key as new on purpose."""
+    from mmplugin.apis import load_config
+    for opt, expect in (('model.backbone.arch', 'expected KEY=VALUE'),
+                        ('test_dataloder.batch_size=2', "did you mean 'test_dataloader'?"),
+                        ('model.backbon.arch=s', "did you mean 'model.backbone'?")):
+        assert _tool('test').main([DET, demo['det'], '--cfg-options', opt]) == 2, opt
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and expect in err[0], err
+    cfg = load_config(DET, {'model.backbone.with_cp': True, '+my_extra.value': 3})
+    assert cfg.model.backbone.with_cp is True and cfg.my_extra.value == 3
+
+
+def test_missing_config_names_the_nearest(capsys):
+    """A config path one letter off: rc 2, one line naming the existing config(s) nearest to it."""
+    assert _tool('test').main(['configs/swiftformer_xs_maskrcnn_shape.py', 'x.pth']) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and 'configs/demo/swiftformer_xs_maskrcnn_shapes.py' in err[0], err
+
+
+def test_environment_dump_goes_to_the_log_file(tmp_path, demo, capsys):
+    """A mistake found while the runner is built comes right after one line naming the log file: mmengine's ~480
+    lines of environment and config are in that file, not on the console."""
+    opts = [*det_opts(demo), 'model.roi_head.bbox_head.type=Shared2FCBBoxHeadd']
+    assert _tool('test').main([DET, demo['det'], '--work-dir', str(tmp_path), '--cfg-options', *opts]) == 2
+    out, err = capsys.readouterr()
+    assert 'System environment' not in out + err and 'Config:' not in out + err
+    log = [ln for ln in out.splitlines() if ln.startswith('environment and config: ')]
+    assert len(log) == 1 and 'System environment' in Path(log[0].split(': ', 1)[1]).read_text()
+    assert err.strip().splitlines() == [err.strip().splitlines()[0]] and 'Shared2FCBBoxHead' in err
+
+
+def test_custom_template_without_data_speaks_of_the_users_data(capsys):
+    """The custom-data template with no data: the missing files, where the template's paths are set, and a fix that
+    names every key holding the location (the evaluators' ann_file too); no COCO 2017 download instructions."""
+    assert _tool('train').main([str(ROOT / 'configs/custom/swiftformer_l1_maskrcnn_coco_format.py')]) == 2
+    err = capsys.readouterr().err
+    assert 'data/my_coco/annotations/instances_train.json' in err and 'COCO 2017' not in err
+    assert 'top of the config' in err and 'val_evaluator.ann_file=FILE' in err
+
+
+def test_messages_point_at_sections_that_exist():
+    """Every 'docs/X.md, "Section"' / 'README, "Section"' a message or docstring of the package names is a heading
+    of that file."""
+    import re
+    pattern = re.compile(r'(README|docs/[\w]+\.md)[,:]?\s*\(?["\u201c]([^"\u201d]+)["\u201d]')
+    seen = 0
+    for path in (ROOT / 'mmplugin').rglob('*.py'):
+        text = re.sub(r"'\s*\n\s*'", '', path.read_text())  # join implicitly concatenated string literals
+        for doc, section in pattern.findall(text):
+            section = ' '.join(section.replace('#', ' ').split())  # a section name wrapped over comment lines
+            target = ROOT / ('README.md' if doc == 'README' else doc)
+            assert target.is_file(), (path, doc)
+            headings = [h.lstrip('#').strip() for h in target.read_text().splitlines() if h.startswith('#')]
+            assert any(h.startswith(section.rstrip('.')) for h in headings), (path.name, doc, section)
+            seen += 1
+    assert seen >= 3
+
+
+def test_a_tool_start_is_free_of_third_party_noise():
+    """A tool run in a fresh process whose first mistake is found after mmengine, mmcv and mmdet are imported
+    prints exactly its one error line (no 'pkg_resources is deprecated' warnings before it)."""
+    out = subprocess.run([sys.executable, 'tools/test.py', DET, 'missing.pth'], cwd=ROOT, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines() == ['error: checkpoint file not found: missing.pth'], out.stderr
+
+
+def test_training_on_a_loaded_machine_says_so(tmp_path, demo, capsys, monkeypatch):
+    """tools/train.py on a CPU whose cores are taken by other work warns before the first iteration that training
+    runs slower than on an idle machine and that mmengine's ETA assumes the first iterations' speed."""
+    monkeypatch.setattr(os, 'getloadavg', lambda: (os.cpu_count() + 4.0, 0.0, 0.0))
+    sub = demo['root'] / 'ade'
+    opts = [f'train_dataloader.dataset.data_root={sub}', f'val_dataloader.dataset.data_root={sub}',
+            f'test_dataloader.dataset.data_root={sub}', 'train_cfg.max_iters=1', 'train_cfg.val_interval=100',
+            'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False']
+    assert _tool('train').main([SEG, '--work-dir', str(tmp_path), '--cfg-options', *opts]) == 0
+    err = capsys.readouterr().err
+    assert 'the machine is loaded' in err and "mmengine's ETA" in err
