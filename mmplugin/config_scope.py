@@ -69,7 +69,39 @@ def install_config_scope() -> None:
     def _get_cfg_path(cfg_path: str, filename: str):
         if isinstance(cfg_path, str) and cfg_path.startswith(PREFIX):
             return str(config_file(cfg_path)), None
-        return original_fn(cfg_path, filename)
+        try:
+            return original_fn(cfg_path, filename)
+        except ModuleNotFoundError:
+            found = _from_import_name(cfg_path)
+            if found is None:
+                raise
+            return found
 
     _get_cfg_path._mmplugin_scope = True  # type: ignore[attr-defined]
     Config._get_cfg_path = staticmethod(_get_cfg_path)
+
+
+def _from_import_name(cfg_path: str):
+    """``(path, scope)`` of an ``mmseg::`` / ``mmdet::`` ... base found through the package's import name.
+
+    mmengine looks the scope up by its original distribution name (``mmseg`` -> ``mmsegmentation``), which the
+    maintained forks do not have (``onedl-mmsegmentation`` installs the same ``mmseg`` package). The configs live
+    in the imported package's ``.mim/configs`` either way. None when no such package can be imported.
+    """
+    import importlib.util
+    import os.path as osp
+
+    from mmengine.config.utils import (_get_external_cfg_base_path, _get_external_cfg_path,
+                                       _get_package_and_cfg_path)
+    if '::' not in cfg_path:
+        return None
+    scope = cfg_path.partition('::')[0]
+    spec = importlib.util.find_spec(scope)
+    if spec is None or spec.origin is None:
+        return None
+    package_path = osp.dirname(spec.origin)
+    _, rel = _get_package_and_cfg_path(cfg_path)
+    try:
+        return _get_external_cfg_path(package_path, rel), scope
+    except ValueError:
+        return _get_external_cfg_base_path(package_path, rel), scope

@@ -183,3 +183,18 @@ def test_user_config_trains_a_step_through_tools_train(tmp_path, user_config):
     assert dumped.model.roi_head.bbox_head.num_classes == NUM_CLASSES
     assert dumped.model.roi_head.mask_head.num_classes == NUM_CLASSES
     assert not list(work.glob('*.pth'))
+
+
+def test_mmseg_bases_resolve_without_the_original_distribution(monkeypatch):
+    """The maintained forks install the ``mmseg`` package as ``onedl-mmsegmentation``: mmengine's lookup of the
+    ``mmseg::`` scope by the distribution name ``mmsegmentation`` fails there ("mmsegmentation is not installed").
+    The plugin then finds the bases through the importable package; the config equals the one loaded normally."""
+    import mmengine.config.config as mm_config
+    from mmengine.config import Config
+
+    from mmplugin import config_file
+    path = str(config_file('swin_t_upernet_ade20k.py'))
+    want = Config.fromfile(path).to_dict()
+    real = mm_config.is_installed
+    monkeypatch.setattr(mm_config, 'is_installed', lambda pkg: pkg != 'mmsegmentation' and real(pkg))
+    assert Config.fromfile(path).to_dict() == want

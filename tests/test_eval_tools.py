@@ -608,3 +608,21 @@ def test_training_on_a_loaded_machine_says_so(tmp_path, demo, capsys, monkeypatc
     assert _tool('train').main([SEG, '--work-dir', str(tmp_path), '--cfg-options', *opts]) == 0
     err = capsys.readouterr().err
     assert 'the machine is loaded' in err and "mmengine's ETA" in err
+
+
+def test_model_index_lists_without_openmim(capsys):
+    """``python -m mmplugin.zoo`` (the README's way to list the model index without openmim): one line per model,
+    filtered by words; every docs file a package message names exists."""
+    import re
+
+    from mmplugin.zoo import load_models, main
+    assert main([]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == len(load_models()) + 1 and lines[-1].endswith('models')
+    assert main(['swinv2', 'cascade']) == 0
+    rows = capsys.readouterr().out.strip().splitlines()[:-1]
+    assert rows and all('swinv2' in r and 'cascade' in r for r in rows)
+    assert 'python -m mmplugin.zoo' in (ROOT / 'README.md').read_text()
+    for path in (ROOT / 'mmplugin').rglob('*.py'):
+        for doc in set(re.findall(r'docs/\w+\.md', path.read_text())):
+            assert (ROOT / doc).is_file(), (path.name, doc)

@@ -42,7 +42,7 @@ step() {
   fi
 }
 # Errors are "SomethingError:" / "error:" words, not the "-Werror=..." flags of torch's build-settings line.
-ERRORS='Traceback|\b[A-Za-z]*Error\b|\berror:'
+ERRORS='Traceback|\b[A-Za-z]*Error\b|\berror:|^warning: the machine is loaded'
 # run_filtered LOG PATTERN CMD...: run CMD with its full output in LOG, show only the lines matching PATTERN (or an
 # error), and stop the demo with CMD's own exit code (not grep's) when it fails.
 run_filtered() {
