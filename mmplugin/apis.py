@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 __all__ = ['PartError', 'PART_CHILDREN', 'load_config', 'build_model', 'checkpoint_fit',
-           'load_checkpoint_checked', 'ConfigWiringError', 'check_model_wiring', 'nearest_config']
+           'load_checkpoint_checked', 'ConfigWiringError', 'PYRAMID_NECKS', 'check_model_wiring', 'nearest_config']
 
 # the model's top-level children each part runs; None: the whole model
 PART_CHILDREN: dict[str, tuple[str, ...] | None] = {
@@ -37,8 +37,6 @@ def load_config(cfg, cfg_options: Mapping | None = None):
     Raises:
         FileNotFoundError: no such config file.
     """
-    import copy
-
     from mmengine.config import Config
 
     from .utils.cli import check_cfg_option_keys
@@ -60,10 +58,10 @@ def load_config(cfg, cfg_options: Mapping | None = None):
 def nearest_config(path: str) -> str:
     """`` (did you mean ...?)`` with the config files nearest in name to a missing ``path``: those of its folder
     and of the plugin's configs (every family and task folder), or '' when none is close."""
-    import difflib
     import glob
 
     from .config_scope import config_root
+    from .utils.cli import closest
     folder = os.path.dirname(path) or '.'
     pool = set(glob.glob(os.path.join(folder, '*.py'))) if os.path.isdir(folder) else set()
     root = os.path.realpath(config_root())  # the installed configs are a link to the source tree's
@@ -71,8 +69,7 @@ def nearest_config(path: str) -> str:
     by_name: dict[str, list[str]] = {}
     for p in sorted({os.path.relpath(os.path.realpath(p)) for p in pool}):
         by_name.setdefault(os.path.basename(p), []).append(p)
-    near = difflib.get_close_matches(os.path.basename(path), list(by_name), n=2, cutoff=0.8)
-    found = [p for n in near for p in by_name[n]][:3]
+    found = [p for n in closest(os.path.basename(path), by_name, n=2, cutoff=0.8) for p in by_name[n]][:3]
     return f' (did you mean {" or ".join(found)}?)' if found else ''
 
 
@@ -224,6 +221,11 @@ def build_model(cfg, checkpoint: str | None = None, *, strict: bool = True, part
     return model.eval().to(device=device, dtype=torch.float32)
 
 
+# necks that read every backbone level in order: their in_channels list must equal the backbone's out_channels
+PYRAMID_NECKS = frozenset({'FPN', 'PAFPN', 'ChannelMapper', 'MultiLevelNeck', 'NASFPN', 'NASFCOS_FPN', 'HRFPN', 'RFP',
+                           'FPN_CARAFE', 'CSPNeXtPAFPN', 'YOLOXPAFPN', 'GlobalAttentionNeck', 'SSDNeck'})
+
+
 class ConfigWiringError(ValueError):
     """The config's neck (or head) expects other channels than its backbone gives."""
 
@@ -241,8 +243,9 @@ def check_model_wiring(cfg, name: str = 'the config') -> None:
     on "expected input ... to have 96 channels" for wrong values, and a test run blames the checkpoint.
 
     The backbone is built on the ``meta`` device (no memory, no weights) and run on a 64x64 image for its output
-    channels. Segmentors without a neck: the decode head's ``in_channels`` at its ``in_index``. A backbone that
-    cannot run on ``meta`` (compiled ops) is not checked.
+    channels. Only necks that read every level in order (:data:`PYRAMID_NECKS`: FPN, PAFPN, ChannelMapper ...)
+    are checked; segmentors without a neck: the decode head's ``in_channels`` at its explicit ``in_index``. A
+    backbone that cannot run on ``meta`` (compiled ops) is not checked.
 
     Raises:
         ConfigWiringError: one line naming both lists and the fix.
@@ -255,10 +258,13 @@ def check_model_wiring(cfg, name: str = 'the config') -> None:
     if not isinstance(backbone_cfg, Mapping):
         return
     neck, head = _first_neck(model_cfg), model_cfg.get('decode_head')
-    if neck is not None and 'in_channels' in neck:
-        want, who = neck['in_channels'], f"model.neck ({neck.get('type')}) in_channels"
-    elif neck is None and isinstance(head, Mapping) and 'in_channels' in head:
-        want, who = head['in_channels'], f"model.decode_head ({head.get('type')}) in_channels"
+    if neck is not None:
+        kind = str(neck.get('type', '')).split('.')[-1]
+        if kind not in PYRAMID_NECKS or not isinstance(neck.get('in_channels'), (list, tuple)):
+            return  # a neck of another kind may legitimately reorder or pick the levels it reads
+        want, who, index = neck['in_channels'], f"model.neck ({neck.get('type')}) in_channels", None
+    elif isinstance(head, Mapping) and 'in_channels' in head and 'in_index' in head:
+        want, who, index = head['in_channels'], f"model.decode_head ({head.get('type')}) in_channels", head['in_index']
     else:
         return
     init_default_scope(cfg.get('default_scope', 'mmdet'))
@@ -269,13 +275,12 @@ def check_model_wiring(cfg, name: str = 'the config') -> None:
         with torch.device('meta'):
             backbone = MODELS.build(backbone_cfg).eval()
             outs = backbone(torch.empty(1, backbone_cfg.get('in_channels', 3), 64, 64))
-    except Exception:  # noqa: BLE001  (not every backbone runs on meta: then mmdet / mmseg check at run time)
+        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+        got = [int(o.shape[1]) for o in outs]
+        if index is not None:
+            got = [got[i] for i in index] if isinstance(index, (list, tuple)) else got[index]
+    except Exception:  # noqa: BLE001  (a backbone that does not run on meta, odd outputs: mmdet / mmseg check later)
         return
-    outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-    got = [int(o.shape[1]) for o in outs]
-    if neck is None and isinstance(head, Mapping):
-        index = head.get('in_index', -1)
-        got = [got[i] for i in index] if isinstance(index, (list, tuple)) else got[index]
     want_list = [int(c) for c in want] if isinstance(want, (list, tuple)) else int(want)
     if want_list != got:
         indices = backbone_cfg.get('out_indices')

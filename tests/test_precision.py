@@ -40,7 +40,7 @@ def test_swin_v2_tiny_reduced_precision_is_finite_and_close(size, dtype, mode):
                 got = model.to(low)(x.to(low))
                 model.float()
         for i, (o, r) in enumerate(zip(got, ref)):
-            assert o.dtype == (low if mode == 'model' else o.dtype)
+            assert o.dtype == low if mode == 'model' else o.dtype in (low, torch.float32)
             assert torch.isfinite(o).all(), f'level {i} not finite'
             assert rel_err(o, r) < REDUCED_VS_FP32[dtype], (i, rel_err(o, r))
 
@@ -230,8 +230,10 @@ def test_demo_models_train_50_amp_iterations_on_the_cpu(task, dtype, demo_root, 
     from mmengine.logging import MessageHub
 
     from mmplugin.cli.train import main
-    config = ('configs/demo/swiftformer_xs_maskrcnn_shapes.py' if task == 'det'
-              else 'configs/demo/swiftformer_xs_semfpn_shapes.py')
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    config = str(root / ('configs/demo/swiftformer_xs_maskrcnn_shapes.py' if task == 'det'
+                         else 'configs/demo/swiftformer_xs_semfpn_shapes.py'))
     sub = demo_root / ('shapes_coco' if task == 'det' else 'shapes_ade')
     opts = [f'{split}_dataloader.dataset.data_root={sub}' for split in ('train', 'val', 'test')]
     if task == 'det':

@@ -44,11 +44,15 @@ def test_unknown_arch_is_one_line_with_rc_2(tmp_path):
 
 def test_mistyped_keyword_and_type_suggest_the_valid_name(tmp_path, capsys):
     onnx = str(tmp_path / 'x.onnx')
+    # --cfg-options itself refuses a key one letter off an existing one ...
     rc, _, err = _export(capsys, SWIN_DET, '--out', onnx, '--cfg-options', 'model.backbone.out_indice=[1]')
+    assert rc == 2 and "did you mean 'model.backbone.out_indices'?" in err, err
+    # ... and a key declared new on purpose (+KEY) that the class does not take gets the build-time hint
+    rc, _, err = _export(capsys, SWIN_DET, '--out', onnx, '--cfg-options', '+model.backbone.out_indice=[1]')
     assert rc == 2 and err.startswith('error: ') and "out_indice" in err
     assert re.search(r"out_indice\b.*did you mean 'out_indices'", err), err
     # a class whose own __init__ rejects the keyword (Python's TypeError): the same hint
-    rc, _, err = _export(capsys, DET, '--out', onnx, '--cfg-options', 'model.backbone.out_indice=[1]')
+    rc, _, err = _export(capsys, DET, '--out', onnx, '--cfg-options', '+model.backbone.out_indice=[1]')
     assert rc == 2 and "unexpected keyword argument 'out_indice' (did you mean 'out_indices'?)" in err, err
     rc, _, err = _export(capsys, SWIN_DET, '--out', onnx, '--cfg-options',
                          'model.backbone.type=mmplugin.SwimTransformer')

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import os.path as osp
 import statistics
 import time
@@ -91,13 +92,10 @@ def precision_report(device, quick: bool = False) -> dict:
 
 def deterministic_backward(device) -> str:
     """Two forward + backward passes of a small Swin V2 under deterministic algorithms: bit-identical gradients?"""
-    import os
-
     import torch
 
     from ..models import SwinTransformerV2
     from ..testing.numeric import randomize_
-    os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')  # cuBLAS needs it for deterministic GEMMs
     model = randomize_(SwinTransformerV2(dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8]),
                                          drop_path_rate=0.0), seed=1).to(device).train()
     x = torch.randn(2, 3, 100, 140, device=device)
@@ -200,6 +198,8 @@ def main(argv=None) -> int:
     p.add_argument('--precisions', nargs='+', default=None, choices=['fp16', 'bf16', 'fp32'],
                    help='default: the reduced precisions the GPU runs natively (fp16; bf16 from sm80)')
     args = p.parse_args(argv)
+    # deterministic cuBLAS GEMMs need this before the first CUDA GEMM of the process (the checks below run many)
+    os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
     import torch
 
     import mmplugin  # noqa: F401

@@ -89,13 +89,6 @@ def main(argv=None) -> int:
         except PredictionOutputError as err:
             print(f'error: {err}', file=sys.stderr)
             return 2
-    if out is not None and args.pred_out is not None:
-        from ..utils.predictions import check_distinct_outputs
-        try:  # before the model is built; whether it is a segmentor is known from the config's scope only
-            check_distinct_outputs(out, args.pred_out, many, segmentor=True)
-        except PredictionOutputError as err:
-            print(f'error: {err}', file=sys.stderr)
-            return 2
     try:
         ckpt = load_checkpoint_file(args.checkpoint)  # fail fast, with a clear message, on a bad file
     except CheckpointError as err:
@@ -107,6 +100,8 @@ def main(argv=None) -> int:
     cfg = load_config(args.config, args.cfg_options)
     from ..apis import check_model_wiring
     check_model_wiring(cfg, args.config)  # a neck that does not fit the backbone: the config's mistake, before any data
+    from ..utils.predictions import check_distinct_outputs
+    check_distinct_outputs(out, args.pred_out, many, cfg.get('default_scope') == 'mmseg')  # before the model
     cfg.model.get('backbone', {}).pop('init_cfg', None)
     if not _fits(cfg, ckpt, args):
         return 2

@@ -76,13 +76,13 @@ def main(argv=None) -> int:
     from ..apis import checkpoint_fit, load_config
     from ..checkpoint import load_checkpoint_file
     from ..utils import build_runner, check_datasets, prepare_runner_cfg
-    from ..utils.evaluation import add_dump_metric, check_distinct_outputs, check_dump_path, is_segmentor_cfg
+    from ..utils.evaluation import add_dump_metric, check_distinct_test_outputs, check_dump_path, is_segmentor_cfg
 
     require_files(('config', args.config), ('checkpoint', args.checkpoint), urls=True)
     cfg = load_config(args.config, args.cfg_options)
     from ..apis import check_model_wiring
     check_model_wiring(cfg, args.config)  # a neck that does not fit the backbone: the config's mistake, before any data
-    check_distinct_outputs(args.out, args.out_dir, args.show_dir, is_segmentor_cfg(cfg))
+    check_distinct_test_outputs(args.out, args.out_dir, args.show_dir, is_segmentor_cfg(cfg))
     check_datasets(cfg, splits=('test', ))  # user errors end as one line (mmplugin.utils.cli)
     ckpt = load_checkpoint_file(args.checkpoint)  # fail fast, with a clear message, on a bad file
     args.resume = None

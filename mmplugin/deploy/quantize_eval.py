@@ -105,13 +105,11 @@ def install_int8(model: nn.Module, runner: Callable, part: str) -> None:
 
 
 def _load_runner(config: str, checkpoint: str, work_dir: str, cfg_options: dict | None):
-    from mmengine.config import Config
     from mmengine.runner import Runner
 
+    from ..apis import load_config
     from ..checkpoint import check_checkpoint_fits, load_checkpoint_file
-    cfg = Config.fromfile(config)
-    if cfg_options:
-        cfg.merge_from_dict(copy.deepcopy(cfg_options))  # merging pops _delete_ markers
+    cfg = load_config(config, copy.deepcopy(cfg_options) if cfg_options else None)  # merging pops _delete_ markers
     cfg.work_dir = work_dir
     cfg.load_from = None
     cfg.model.get('backbone', {}).pop('init_cfg', None)  # weights come from the checkpoint

@@ -11,21 +11,22 @@ import functools
 
 import torch
 
+from ..models.layers.precision import REDUCED_DTYPES
+
 __all__ = ['CPU_FP32_ONLY_KERNELS', 'install_cpu_reduced_precision_ops']
 
 # the kernels of mmcv.ops that mmdet's / mmseg's heads call during a training or test step -> the positions of
 # the tensors they write (mmcv.ops.roi_align passes every tensor positionally)
 CPU_FP32_ONLY_KERNELS = {'nms': (), 'roi_align_forward': (2, 3, 4), 'roi_align_backward': (4, )}
-_REDUCED = (torch.float16, torch.bfloat16)
 
 
 def _in_fp32_on_cpu(kernel, written: tuple[int, ...]):
     @functools.wraps(kernel)
     def run(*args, **kwargs):
-        if not any(isinstance(a, torch.Tensor) and a.device.type == 'cpu' and a.dtype in _REDUCED
+        if not any(isinstance(a, torch.Tensor) and a.device.type == 'cpu' and a.dtype in REDUCED_DTYPES
                    for a in (*args, *kwargs.values())):
             return kernel(*args, **kwargs)
-        up = [a.float() if isinstance(a, torch.Tensor) and a.dtype in _REDUCED else a for a in args]
+        up = [a.float() if isinstance(a, torch.Tensor) and a.dtype in REDUCED_DTYPES else a for a in args]
         out = kernel(*up, **kwargs)
         for i in written:
             if up[i] is not args[i]:

@@ -64,20 +64,37 @@ class _LazyAction:
 CfgOptionsAction = _LazyAction()
 
 
+def _runner_keys() -> set[str]:
+    """Top-level keys mmengine's runners read from a config although a config need not set them."""
+    from mmengine.runner import Runner
+    keys = {p for p in inspect.signature(Runner.__init__).parameters if p != 'self'}
+    try:
+        from mmengine.runner import FlexibleRunner
+        keys |= {p for p in inspect.signature(FlexibleRunner.__init__).parameters if p != 'self'}
+    except ImportError:  # pragma: no cover - older mmengine
+        pass
+    return keys | {'runner_type', 'find_unused_parameters', 'model_wrapper_cfg'}
+
+
 def check_cfg_option_keys(cfg, options) -> dict:
     """The ``--cfg-options`` dict to merge into ``cfg``, with probable typos refused.
 
-    A top-level key the config does not have, or a nested key missing where a sibling has a close name
-    (``model.backbon.arch``), raises :class:`CfgOptionError` naming the nearest existing key; mmengine would merge
-    it silently and the run would go on as if nothing had been given. New keys inside an existing part
-    (``model.backbone.with_cp=True``) pass. ``+KEY=VALUE`` marks any key as intentionally new.
+    A top-level key neither the config nor mmengine's runners know, or a nested key missing where a sibling has a
+    close name (``model.backbon.arch``) and the part's registered ``type`` takes no such argument, raises
+    :class:`CfgOptionError` naming the nearest existing key; mmengine would merge it silently and the run would go
+    on as if nothing had been given. Runner keys (``randomness.seed``, ``find_unused_parameters``), new arguments
+    of a part (``model.backbone.with_cp=True``, ``model.backbone.drop_rate=0.1``) pass; ``+KEY=VALUE`` marks any
+    key as intentionally new (and the keys under it given in the same call).
     """
-    out = {}
-    for raw, value in options.items():
-        new = raw.startswith(NEW_KEY_PREFIX)
-        key = raw[len(NEW_KEY_PREFIX):] if new else raw
-        out[key] = value
-        if new:
+    import copy
+    out = {(k[len(NEW_KEY_PREFIX):] if k.startswith(NEW_KEY_PREFIX) else k): v for k, v in options.items()}
+    new = {k[len(NEW_KEY_PREFIX):]: v for k, v in options.items() if k.startswith(NEW_KEY_PREFIX)}
+    if new:  # the other keys are checked against the config with the new ones in it
+        cfg = copy.deepcopy(cfg)
+        cfg.merge_from_dict(copy.deepcopy(new))
+    runner_keys = None
+    for key in out:
+        if key in new:
             continue
         node, path = cfg, []
         for depth, part in enumerate(key.split('.')):
@@ -91,21 +108,30 @@ def check_cfg_option_keys(cfg, options) -> dict:
                 node = node[part]
                 path.append(part)
                 continue
-            near = closest(part, [str(k) for k in node.keys()], n=1)
-            if depth == 0 or near:
-                where = '.'.join(path) or 'the config'
-                hint = f"did you mean {'.'.join(path + near)!r}? " if near else ''
-                raise CfgOptionError(f'--cfg-options {key}: {where} has no key {part!r}; {hint}'
-                                     f'(a key meant to be new: {NEW_KEY_PREFIX}{key}=...)')
-            break
+            if depth == 0:
+                runner_keys = _runner_keys() if runner_keys is None else runner_keys
+                if part in runner_keys:
+                    break
+                near = closest(part, [str(k) for k in node.keys()] + sorted(runner_keys), n=1)
+            else:
+                cls = _find_class(str(node['type'])) if 'type' in node else None
+                if cls is not None and part in _keywords(cls):
+                    break
+                near = closest(part, [str(k) for k in node.keys()], n=1, cutoff=0.8)
+                if not near:
+                    break
+            where = '.'.join(path) or 'the config'
+            hint = f"did you mean {'.'.join(path + near)!r}? " if near else ''
+            raise CfgOptionError(f'--cfg-options {key}: {where} has no key {part!r}; {hint}'
+                                 f'(a key meant to be new: {NEW_KEY_PREFIX}{key}=...)')
     return out
 
 
-def closest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
+def closest(name: str, candidates: Iterable[str], n: int = 3, cutoff: float = 0.6) -> list[str]:
     """The valid names nearest to the mistyped ``name`` (case-insensitive :func:`difflib.get_close_matches`)."""
     candidates = sorted(set(candidates))
     lower = {c.lower(): c for c in candidates}
-    return [lower[c] for c in difflib.get_close_matches(name.lower(), list(lower), n=n, cutoff=0.6)]
+    return [lower[c] for c in difflib.get_close_matches(name.lower(), list(lower), n=n, cutoff=cutoff)]
 
 
 def _did_you_mean(names: list[str]) -> str:

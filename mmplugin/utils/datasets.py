@@ -99,12 +99,13 @@ def check_datasets(cfg, splits=('train', 'val', 'test')) -> None:
     check_class_names(cfg, splits)
 
 
-# where each public dataset lives in the configs that ship for it (the hints only apply there)
-_PUBLIC_ROOTS = {'CocoDataset': 'data/coco/', 'COCO-stuff': 'data/coco/', 'ADE20KDataset': 'data/ade/'}
+# what the public datasets' own file names contain (their hints only apply to paths of that layout, wherever the
+# data root is; a custom template's 'annotations/instances_train.json' is the user's own data)
+_PUBLIC_NAMES = {'CocoDataset': '2017', 'COCO-stuff': 'stuffthingmaps', 'ADE20KDataset': 'ADEChallengeData2016'}
 
 
 def _public_layout(kind: str, path: str) -> bool:
-    return osp.normpath(path).startswith(osp.normpath(_PUBLIC_ROOTS[kind]))
+    return _PUBLIC_NAMES[kind] in path
 
 
 def _root_keys(cfg, splits) -> list[str]:

@@ -155,7 +155,7 @@ def configure_tta(cfg) -> None:
     cfg.model = tta
 
 
-def check_distinct_outputs(out: str | None, out_dir: str | None, show_dir: str | None, segmentor: bool) -> None:
+def check_distinct_test_outputs(out: str | None, out_dir: str | None, show_dir: str | None, segmentor: bool) -> None:
     """Refuse ``tools/test.py`` outputs that would overwrite one another: the ``--out`` pickle must not be either
     folder, and a segmentor's ``--format-only`` label maps and ``--show-dir`` drawings (both one ``<image>.png`` per
     image) need different folders.

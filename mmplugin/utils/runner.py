@@ -174,14 +174,14 @@ class _NotOnConsole(logging.Filter):
 def _environment_dump_to_log_file(runner_cls):
     original = runner_cls._log_env
 
-    def log_env(self, env_cfg):
+    def log_env(self, *args, **kwargs):  # Runner._log_env(env_cfg), FlexibleRunner._log_env()
         console = [h for h in self.logger.handlers
                    if isinstance(h, logging.StreamHandler) and not isinstance(h, logging.FileHandler)]
         quiet = _NotOnConsole()
         for h in console:
             h.addFilter(quiet)
         try:
-            original(self, env_cfg)
+            original(self, *args, **kwargs)
         finally:
             for h in console:
                 h.removeFilter(quiet)
