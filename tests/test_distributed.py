@@ -283,8 +283,8 @@ def test_fsdp_through_the_flexible_runner_matches_ddp(tmp_path, tiny_cfg):
     Checkpoints are off: saving an FSDP model on CPU fails in torch (docs/distributed.md)."""
     fsdp, log = _flexible(tmp_path, tiny_cfg, "dict(type='FSDPStrategy', model_wrapper=dict("
                           "auto_wrap_policy=dict(type='mmplugin.block_wrap_policy')))", 'fsdp')
-    assert "type='mmplugin.CPUFullyShardedDataParallel'" in log, log[-3000:]  # the strategy's wrapper, swapped
+    assert "type='mmplugin.CPUFullyShardedDataParallel'" in _with_env_dump(log), log[-3000:]  # the strategy's wrapper, swapped
     ddp, log = _flexible(tmp_path, tiny_cfg, "dict(type='DDPStrategy')", 'ddp')
-    assert "type='mmplugin.CPUDistributedDataParallel'" in log, log[-3000:]
+    assert "type='mmplugin.CPUDistributedDataParallel'" in _with_env_dump(log), log[-3000:]
     # the log prints 4 decimals: equal values differ by at most one unit of the last digit after rounding
     assert len(fsdp) == 2 and fsdp == pytest.approx(ddp, abs=1.5e-4), (fsdp, ddp)
