@@ -240,7 +240,8 @@ def test_demo_models_train_50_amp_iterations_on_the_cpu(task, dtype, demo_root, 
         ann = sub / 'annotations/instances_val.json'
         opts += [f'val_evaluator.ann_file={ann}', f'test_evaluator.ann_file={ann}']
     opts += ['train_cfg.max_iters=50', 'train_cfg.val_interval=1000', 'train_dataloader.num_workers=0',
-             'train_dataloader.persistent_workers=False', 'default_hooks.checkpoint.interval=1000']
+             'train_dataloader.persistent_workers=False', 'default_hooks.checkpoint.interval=1000',
+             'train_dataloader.batch_size=2']  # 2 images a step: CPUs without fp16 / bf16 kernels emulate them
     if task == 'seg':  # the segmentor clips nothing; a bound no gradient reaches makes the wrapper log the norm
         opts += ['optim_wrapper.clip_grad.max_norm=1e12']
     assert main([config, '--work-dir', str(tmp_path), '--amp-dtype', dtype, '--cfg-options', *opts]) == 0
