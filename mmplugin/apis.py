@@ -18,8 +18,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from .utils.errors import ConfigWiringError, PartError
+
 __all__ = ['PartError', 'PART_CHILDREN', 'load_config', 'build_model', 'checkpoint_fit',
-           'load_checkpoint_checked', 'ConfigWiringError', 'PYRAMID_NECKS', 'check_model_wiring', 'nearest_config']
+           'load_checkpoint_checked', 'ConfigWiringError', 'PYRAMID_NECKS', 'check_model_wiring']
 
 # the model's top-level children each part runs; None: the whole model
 PART_CHILDREN: dict[str, tuple[str, ...] | None] = {
@@ -39,7 +41,7 @@ def load_config(cfg, cfg_options: Mapping | None = None):
     """
     from mmengine.config import Config
 
-    from .utils.cli import check_cfg_option_keys
+    from .utils.cli import check_cfg_option_keys, nearest_config
     if isinstance(cfg, (str, os.PathLike)):
         if not os.path.isfile(cfg):
             raise FileNotFoundError(f'config file not found: {cfg}{nearest_config(str(cfg))}')
@@ -53,28 +55,6 @@ def load_config(cfg, cfg_options: Mapping | None = None):
         except TypeError as err:  # e.g. a dict merged into a key the config holds as None
             raise CfgOptionError(f'--cfg-options: {err}') from None
     return cfg
-
-
-def nearest_config(path: str) -> str:
-    """`` (did you mean ...?)`` with the config files nearest in name to a missing ``path``: those of its folder
-    and of the plugin's configs (every family and task folder), or '' when none is close."""
-    import glob
-
-    from .config_scope import config_root
-    from .utils.cli import closest
-    folder = os.path.dirname(path) or '.'
-    pool = set(glob.glob(os.path.join(folder, '*.py'))) if os.path.isdir(folder) else set()
-    root = os.path.realpath(config_root())  # the installed configs are a link to the source tree's
-    pool |= {p for p in glob.glob(os.path.join(root, '**', '*.py'), recursive=True) if '_base_' not in p}
-    by_name: dict[str, list[str]] = {}
-    for p in sorted({os.path.relpath(os.path.realpath(p)) for p in pool}):
-        by_name.setdefault(os.path.basename(p), []).append(p)
-    found = [p for n in closest(os.path.basename(path), by_name, n=2, cutoff=0.8) for p in by_name[n]][:3]
-    return f' (did you mean {" or ".join(found)}?)' if found else ''
-
-
-class PartError(ValueError):
-    """The model has no such part (e.g. ``backbone+neck`` of a model without a neck)."""
 
 
 class _Part(nn.Module):
@@ -224,10 +204,6 @@ def build_model(cfg, checkpoint: str | None = None, *, strict: bool = True, part
 # necks that read every backbone level in order: their in_channels list must equal the backbone's out_channels
 PYRAMID_NECKS = frozenset({'FPN', 'PAFPN', 'ChannelMapper', 'MultiLevelNeck', 'NASFPN', 'NASFCOS_FPN', 'HRFPN', 'RFP',
                            'FPN_CARAFE', 'CSPNeXtPAFPN', 'YOLOXPAFPN', 'GlobalAttentionNeck', 'SSDNeck'})
-
-
-class ConfigWiringError(ValueError):
-    """The config's neck (or head) expects other channels than its backbone gives."""
 
 
 def _first_neck(model_cfg):

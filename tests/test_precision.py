@@ -254,3 +254,18 @@ def test_demo_models_train_50_amp_iterations_on_the_cpu(task, dtype, demo_root, 
     assert finite[10:].all(), norms
     if dtype == 'bfloat16':
         assert finite.all(), norms  # no loss scaling, nothing skipped
+
+
+def test_training_after_inference_mode_at_the_same_size():
+    """A forward under ``torch.inference_mode()`` fills the window-index caches; a training forward + backward at
+    the same size afterwards must not receive inference tensors ("Inference tensors cannot be saved for
+    backward"), for every Swin version."""
+    from conftest import tiny_backbone
+    for family in ('swin', 'swinv2'):
+        model = tiny_backbone(family)
+        x = torch.randn(1, 3, 84, 116)  # a size no other test uses: the caches start empty for it
+        with torch.inference_mode():
+            model(x)
+        model.train()
+        sum(o.pow(2).mean() for o in model(x)).backward()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

@@ -18,7 +18,7 @@ import sys
 from typing import Callable, Iterable
 
 __all__ = ['tool_main', 'run_tool', 'user_error_message', 'closest', 'TRACEBACK_ENV', 'CfgOptionError', 'CfgOptionsAction',
-           'NEW_KEY_PREFIX', 'check_cfg_option_keys']
+           'NEW_KEY_PREFIX', 'check_cfg_option_keys', 'nearest_config']
 
 TRACEBACK_ENV = 'MMPLUGIN_TRACEBACK'
 
@@ -200,7 +200,7 @@ def _with_keyword_hints(message: str) -> str:
 def _is_user_error(err: BaseException) -> bool:
     from mmengine.config.utils import ConfigParsingError
 
-    from ..apis import ConfigWiringError, PartError
+    from .errors import ConfigWiringError, PartError
     from ..checkpoint import CheckpointError
     from ..models.backbones.openmmlab_compat import UnsupportedArgumentsError
     from .datasets import DatasetConfigError
@@ -276,7 +276,6 @@ def require_files(*named: tuple[str, str | None], urls: bool = False) -> None:
         if path and not os.path.isfile(path) and not (urls and what == 'checkpoint' and is_url(path)):
             hint = ''
             if what == 'config':
-                from ..apis import nearest_config
                 hint = nearest_config(path)
             raise FileNotFoundError(f'{what} file not found: {path}{hint}')
 
@@ -306,3 +305,20 @@ def run_tool(main: Callable[[], object]) -> None:
     tests) 0."""
     rc = main()
     sys.exit(rc if isinstance(rc, int) else 0)
+
+
+def nearest_config(path: str) -> str:
+    """`` (did you mean ...?)`` with the config files nearest in name to a missing ``path``: those of its folder
+    and of the plugin's configs (every family and task folder), or '' when none is close."""
+    import glob
+
+    from ..config_scope import config_root
+    folder = os.path.dirname(path) or '.'
+    pool = set(glob.glob(os.path.join(folder, '*.py'))) if os.path.isdir(folder) else set()
+    root = os.path.realpath(config_root())  # the installed configs are a link to the source tree's
+    pool |= {p for p in glob.glob(os.path.join(root, '**', '*.py'), recursive=True) if '_base_' not in p}
+    by_name: dict[str, list[str]] = {}
+    for p in sorted({os.path.relpath(os.path.realpath(p)) for p in pool}):
+        by_name.setdefault(os.path.basename(p), []).append(p)
+    found = [p for n in closest(os.path.basename(path), by_name, n=2, cutoff=0.8) for p in by_name[n]][:3]
+    return f' (did you mean {" or ".join(found)}?)' if found else ''

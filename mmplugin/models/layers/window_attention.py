@@ -18,14 +18,13 @@ Speed, compared with the usual roll -> partition -> attention -> reverse -> roll
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .precision import fp32_normalize
-from .windows import MASK_VALUE, WindowGeometry, is_tracing, must_pad, padded_size, window_index
+from .windows import MASK_VALUE, WindowGeometry, index_cache, is_tracing, must_pad, padded_size, window_index
 
 __all__ = [
     'WindowAttentionBase', 'WindowAttention', 'WindowAttentionV2', 'WindowGeometry', 'coordinate_window',
@@ -54,7 +53,7 @@ def _relative_position_index(ws: int, device: torch.device, table_ws: int | None
     return (rel[0] * (2 * t - 1) + rel[1]).to(device)
 
 
-_cached_relative_position_index = lru_cache(maxsize=64)(_relative_position_index)
+_cached_relative_position_index = index_cache(_relative_position_index)
 
 
 def log_spaced_coords(ws: int, pretrained_ws: int) -> torch.Tensor:

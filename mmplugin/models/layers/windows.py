@@ -13,7 +13,7 @@ from functools import lru_cache
 import torch
 import torch.nn.functional as F
 
-__all__ = ['MASK_VALUE', 'WindowGeometry', 'is_tracing', 'must_pad', 'padded_size', 'window_index']
+__all__ = ['MASK_VALUE', 'WindowGeometry', 'index_cache', 'is_tracing', 'must_pad', 'padded_size', 'window_index']
 
 MASK_VALUE = -100.0  # the fill value of every Swin implementation; finite, so safe in fp16/bf16
 
@@ -77,7 +77,18 @@ def window_index(h, w, ws: int, shift: int, device: torch.device):
     return fwd, inv.flatten(), label
 
 
-_window_index = lru_cache(maxsize=64)(window_index)  # eager only: keys must be hashable ints
+def index_cache(build):
+    """``lru_cache`` of an index builder (eager only: keys are hashable ints), whose tensors are made outside
+    inference mode: a cache first filled under ``torch.inference_mode()`` would hand inference tensors to a later
+    training forward, which cannot save them for backward (index_select / gathers save their indices)."""
+    @lru_cache(maxsize=64)
+    def cached(*args):
+        with torch.inference_mode(False):
+            return build(*args)
+    return cached
+
+
+_window_index = index_cache(window_index)
 
 
 class WindowGeometry:
