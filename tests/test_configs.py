@@ -190,7 +190,13 @@ def _check_channels(cfg, model):
 STEPPED_ELSEWHERE = {'swin_l_htcpp_6x.py', 'swin_b_htcpp_6x.py'}
 
 
-@pytest.mark.parametrize('name', [n for n in ALL if n not in STEPPED_ELSEWHERE])
+# the quick tier (tools/run_tests.sh --quick) steps one config of each family and task; the rest are 'heavy'
+QUICK = {'swin_t_maskrcnn_1x.py', 'swiftformer_xs_maskrcnn.py',
+         'swin_t_upernet_ade20k.py', 'swinv2_t_upernet_ade20k.py', 'swiftformer_xs_semfpn_ade20k.py'}
+
+
+@pytest.mark.parametrize('name', [n if n in QUICK else pytest.param(n, marks=pytest.mark.heavy)
+                                  for n in ALL if n not in STEPPED_ELSEWHERE])
 def test_config_builds_trains_and_infers(name):
     cfg = _load(name).copy()
     assert cfg.model.backbone.init_cfg.type == 'Pretrained'  # official weights by default ...

@@ -124,6 +124,7 @@ def test_xnnpack_int8_export_runs_close_to_fp32(tmp_path):
         runner(torch.randn(1, 3, 32, 32))
 
 
+@pytest.mark.heavy  # the quick tier keeps the onnxruntime and metric int8 paths
 @needs_et
 def test_kept_float_modules_stay_float_in_the_graph():
     """With the default, no L2Norm product is fed by a dequantize while the convolutions are; with 'none'

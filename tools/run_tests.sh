@@ -9,8 +9,13 @@
 # that `mmplugin/utils/cpu.py --lower-envs` names (AMX: AVX512-BF16; AVX-512: AVX2), capped with
 # ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY. With extra pytest arguments only the first pass runs;
 # MMPLUGIN_OLDER_ISAS=0 skips the second pass.
+#
+# --quick (first argument): the working tier, a slice of every area in ~5 minutes on 2 cores: no `slow` tests, one
+# instance of each `heavy` family of checks, one kernel family. CI runs the whole suite (no argument).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+QUICK=0
+if [ "${1:-}" = "--quick" ]; then QUICK=1; shift; fi
 bash "$ROOT/tools/setup_env.sh"
 cd "$ROOT"
 PY="$ROOT/.venv/bin/python"
@@ -24,6 +29,10 @@ fi
 CPU=("$PY" "$ROOT/mmplugin/utils/cpu.py")  # standalone: no package import
 family() { env "$@" "${CPU[@]}" --family; }
 
+if [ "$QUICK" = 1 ]; then
+  echo "[tests] quick tier on: $("${CPU[@]}")"
+  exec "${PYTEST[@]}" -m 'not slow and not heavy' tests "$@"
+fi
 echo "[tests] all tests on: $("${CPU[@]}")"
 "${PYTEST[@]}" tests "$@"
 if [ $# -gt 0 ] || [ "${MMPLUGIN_OLDER_ISAS:-1}" = 0 ]; then
