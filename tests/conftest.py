@@ -17,6 +17,13 @@ from mmplugin.utils.numerics import rel_error as rel_err  # noqa: F401  (max|a -
 DATA = Path(__file__).parent / 'data'
 
 
+def with_env_dump(text: str) -> str:
+    """``text`` plus the run logs it names: the tools print mmengine's environment and config dump (world size,
+    launcher, wrapper types) to the log file only, behind one ``environment and config: FILE`` line."""
+    files = re.findall(r'environment and config: (\S+)', text)
+    return text + ''.join(Path(f).read_text() for f in files if Path(f).is_file())
+
+
 def official_keys(path: Path, section: str) -> dict[str, tuple[int, ...]]:
     """Parse ``key (d0, d1, ...)`` lines of the section whose header contains ``section``."""
     out, inside = {}, False

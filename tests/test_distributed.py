@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import with_env_dump
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -189,18 +190,11 @@ def test_two_nodes_train_through_the_c10d_rendezvous(two_nodes):
     and exit 0; rank 0 writes the checkpoints."""
     rcs, text, work = two_nodes
     assert rcs == [0, 0], '\n'.join(t[-3000:] for t in text)
-    both = _with_env_dump(text[0] + text[1])
+    both = with_env_dump(text[0] + text[1])
     assert 'GPU number: 2' in both and 'Distributed training: True' in both, both[-3000:]
     assert re.search(r'current batch size is 4\. Scaling the original LR by 1\.0', both), both[-3000:]
     lr, it = _lr(work / 'iter_4.pth')
     assert it == 4 and lr == pytest.approx(_ramp(4, 1.0), rel=1e-6)
-
-
-def _with_env_dump(text: str) -> str:
-    """``text`` plus the run logs it names: the tools print mmengine's environment dump (world size, launcher) to
-    the log file only, behind one ``environment and config: FILE`` line."""
-    files = re.findall(r'environment and config: (\S+)', text)
-    return text + ''.join(Path(f).read_text() for f in files if Path(f).is_file())
 
 
 def _wait_for(path: Path, procs, seconds: float) -> None:
@@ -246,7 +240,7 @@ def test_killed_node_ends_the_job_then_resume_on_one_node(tmp_path, tiny_cfg):
         rc = proc.wait(timeout=300)
     text = (tmp_path / 'resume.log').read_text()
     assert rc == 0, text[-3000:]
-    assert re.search(rf'resuming from \S*iter_{k}\.pth', text) and 'GPU number: 1' in _with_env_dump(text), text[-3000:]
+    assert re.search(rf'resuming from \S*iter_{k}\.pth', text) and 'GPU number: 1' in with_env_dump(text), text[-3000:]
     # mmengine's linear scaling for the new world size, 1 x 2 = 2 samples per iteration: factor 0.5 ...
     assert re.search(r'current batch size is 2\. Scaling the original LR by 0\.5', text), text[-3000:]
     assert re.search(rf'Iter\(train\) \[\s*{k + 1}/{k + 2}\]', text), text[-3000:]  # the counter goes on
@@ -271,7 +265,7 @@ default_hooks = dict(checkpoint=dict(interval=10 ** 6, save_last=False))
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-4000:]
-    assert 'GPU number: 2' in _with_env_dump(log), log[-3000:]
+    assert 'GPU number: 2' in with_env_dump(log), log[-3000:]
     return _losses(log), log
 
 
@@ -283,8 +277,8 @@ def test_fsdp_through_the_flexible_runner_matches_ddp(tmp_path, tiny_cfg):
     Checkpoints are off: saving an FSDP model on CPU fails in torch (docs/distributed.md)."""
     fsdp, log = _flexible(tmp_path, tiny_cfg, "dict(type='FSDPStrategy', model_wrapper=dict("
                           "auto_wrap_policy=dict(type='mmplugin.block_wrap_policy')))", 'fsdp')
-    assert "type='mmplugin.CPUFullyShardedDataParallel'" in _with_env_dump(log), log[-3000:]  # the strategy's wrapper, swapped
+    assert "type='mmplugin.CPUFullyShardedDataParallel'" in with_env_dump(log), log[-3000:]  # the strategy's wrapper, swapped
     ddp, log = _flexible(tmp_path, tiny_cfg, "dict(type='DDPStrategy')", 'ddp')
-    assert "type='mmplugin.CPUDistributedDataParallel'" in _with_env_dump(log), log[-3000:]
+    assert "type='mmplugin.CPUDistributedDataParallel'" in with_env_dump(log), log[-3000:]
     # the log prints 4 decimals: equal values differ by at most one unit of the last digit after rounding
     assert len(fsdp) == 2 and fsdp == pytest.approx(ddp, abs=1.5e-4), (fsdp, ddp)

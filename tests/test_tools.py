@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FP32_PARITY, rel_err
+from conftest import FP32_PARITY, rel_err, with_env_dump
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
@@ -28,12 +28,6 @@ def run(*args, timeout=900, env=None, check=True):
     if check and out.returncode != 0:
         raise AssertionError(f'{args} exited {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}')
     return out
-
-
-def _with_env_dump(text: str) -> str:
-    """``text`` plus the run logs it names (the environment dump goes to the log file only)."""
-    files = re.findall(r'environment and config: (\S+)', text)
-    return text + ''.join(Path(f).read_text() for f in files if Path(f).is_file())
 
 
 def _digest(folder: Path) -> str:
@@ -253,7 +247,7 @@ def test_two_process_cpu_ddp_with_frozen_stages(tmp_path, demo_data):
         cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, 'PYTHON': PY, 'PORT': '29533'})
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-4000:]
-    assert 'distributed training: true' in _with_env_dump(log).lower(), log[-3000:]
+    assert 'distributed training: true' in with_env_dump(log).lower(), log[-3000:]
     assert (work / 'iter_4.pth').exists()
     assert 'Expected to have finished reduction' not in log
 
