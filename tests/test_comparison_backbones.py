@@ -276,3 +276,24 @@ def test_official_dense_efficientformer_checkpoint_loads_strictly(task, tmp_path
     torch.save({'state_dict': sd, 'meta': {}}, path)
     load_checkpoint(model, str(path), map_location='cpu', strict=True)
     _assert_close(model.backbone.eval(), ref, torch.randn(1, 3, 96, 128))
+
+
+def test_table3_measurement_rows_ratios_and_picture(tmp_path):
+    """The comparison command's core on two rows (backbones only): counts from the models, ratios to SwiftFormer-L1
+    (1 for itself), the paper's accuracy beside them, and the picture written."""
+    import cv2
+
+    from mmplugin.analysis.table3 import ROWS, format_table, measure, plot
+    rows = measure(rows=[r for r in ROWS if r.name in ('EfficientFormer-L1', 'SwiftFormer-L1')], rounds=1,
+                   root=str(ROOT), whole=False)
+    by = {r['name']: r for r in rows}
+    ef, sf = by['EfficientFormer-L1'], by['SwiftFormer-L1']
+    assert sf['backbone_det_x'] == 1.0 and ef['backbone_det_x'] == pytest.approx(
+        sf['backbone_ms_det'] / ef['backbone_ms_det'])
+    assert ef['params_m'] == pytest.approx(sum(p.numel() for p in EfficientFormer('l1').parameters()) / 1e6)
+    assert ef['gmacs_det'] > ef['gmacs_seg'] > 0 and ef['det_ms'] is None
+    assert (ef['box_ap'], ef['miou'], sf['box_ap']) == (37.9, 38.9, 41.2)
+    text = format_table(rows)
+    assert '| EfficientFormer-L1 |' in text and '37.9 / 35.4' in text
+    img = cv2.imread(plot(rows, str(tmp_path / 't3.png')))
+    assert img is not None and img.shape[1] > 600

@@ -26,8 +26,9 @@ def parse_args(argv=None):
     p.add_argument('--backend', required=True, choices=('xnnpack', 'onnxruntime'))
     p.add_argument('--out', help='folder of the int8 file (default work_dirs/int8/<config name>)')
     p.add_argument('--part', default='backbone+neck', choices=('backbone', 'backbone+neck'))
-    p.add_argument('--keep-float', nargs='+', default=['attention_norm'],
-                   help='presets (attention_norm, attention, none) or module class / qualified names kept float')
+    p.add_argument('--keep-float', nargs='+', default=None,
+                   help='presets (attention_norm, attention, none) or module class / qualified names kept float '
+                        '(default: attention_norm for xnnpack, attention for onnxruntime; docs/int8.md)')
     p.add_argument('--num-calib', type=int, default=32, help='training images used for calibration')
     p.add_argument('--eval', action='store_true', help='evaluate fp32 and int8 on the test split')
     p.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction)

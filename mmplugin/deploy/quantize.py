@@ -16,7 +16,8 @@ Flow (``image (1, 3, H, W)`` in, the part's tuple of maps out, fixed size):
 What stays float (``keep_float``): module class names or qualified module names, or the presets of
 :data:`KEEP_FLOAT_PRESETS`. Measured on the demo models (docs/int8.md): quantising the L2 normalisations'
 ``x * rsqrt(sum(x * x))`` products costs most of the error (their int8 grid is coarse against unit-norm tokens),
-so the default keeps :class:`L2Norm` float.
+so the XNNPACK default keeps :class:`L2Norm` float; onnxruntime's QDQ path (coarser min/max calibration) keeps the
+whole additive attention float (:data:`DEFAULT_KEEP_FLOAT_BY_BACKEND`, measured on three demo checkpoints).
 
 Requires the ``edge`` extra: ``executorch`` (1.5.1 tested with torch 2.13) and ``torchao`` (0.18).
 """
@@ -31,7 +32,7 @@ from torch import nn
 
 from ..models.backbones.swiftformer import EfficientAdditiveAttention, L2Norm
 
-__all__ = ['KEEP_FLOAT_PRESETS', 'DEFAULT_KEEP_FLOAT', 'L2Norm', 'Int8AdditiveAttention', 'int8_ready',
+__all__ = ['KEEP_FLOAT_PRESETS', 'DEFAULT_KEEP_FLOAT', 'DEFAULT_KEEP_FLOAT_BY_BACKEND', 'default_keep_float', 'L2Norm', 'Int8AdditiveAttention', 'int8_ready',
            'resolve_keep_float', 'quantize_pt2e', 'float_modules_in_graph', 'export_xnnpack', 'PteRunner',
            'cosine']
 
@@ -42,6 +43,17 @@ KEEP_FLOAT_PRESETS = {
     'attention': ('Int8AdditiveAttention', ),  # the whole additive attention (projections included)
 }
 DEFAULT_KEEP_FLOAT = 'attention_norm'
+#: the default per backend: the preset that held the 0.01 AP budget on every demo checkpoint measured (docs/int8.md)
+DEFAULT_KEEP_FLOAT_BY_BACKEND = {'xnnpack': 'attention_norm', 'onnxruntime': 'attention'}
+
+
+def default_keep_float(backend: str, keep_float=None):
+    """``keep_float`` as given, or the backend's default when it is None."""
+    if keep_float is not None:
+        return keep_float
+    if backend not in DEFAULT_KEEP_FLOAT_BY_BACKEND:
+        raise ValueError(f'backend must be one of {tuple(DEFAULT_KEEP_FLOAT_BY_BACKEND)}, got {backend!r}')
+    return DEFAULT_KEEP_FLOAT_BY_BACKEND[backend]
 
 
 class Int8AdditiveAttention(EfficientAdditiveAttention):

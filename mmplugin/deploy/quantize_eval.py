@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from .quantize import DEFAULT_KEEP_FLOAT, PteRunner, cosine, export_xnnpack, int8_ready, quantize_pt2e
+from .quantize import PteRunner, default_keep_float, cosine, export_xnnpack, int8_ready, quantize_pt2e
 
 BACKENDS = ('xnnpack', 'onnxruntime')
 INT8_PARTS = ('backbone', 'backbone+neck')
@@ -54,13 +54,14 @@ def calibration_images(runner, model: nn.Module, num: int = 32) -> list[torch.Te
 
 
 def build_int8_part(module: nn.Module, calibration: Sequence[torch.Tensor], backend: str, out: str,
-                    keep_float=DEFAULT_KEEP_FLOAT) -> dict:
+                    keep_float=None) -> dict:
     """Quantise ``module`` (``image -> tuple of maps``) for ``backend``; writes ``out`` (.pte / .onnx).
 
     Returns ``dict(runner=callable(x) -> tuple, path=out, shape=(1, 3, H, W))``.
     """
     if backend not in BACKENDS:
         raise ValueError(f'backend must be one of {BACKENDS}, got {backend!r}')
+    keep_float = default_keep_float(backend, keep_float)
     ready = int8_ready(module)
     shape = tuple(calibration[0].shape) if calibration else None
     if backend == 'xnnpack':
@@ -133,7 +134,7 @@ def _check(backend: str, part: str) -> None:
 
 
 def quantize_checkpoint(config: str, checkpoint: str, backend: str = 'xnnpack', part: str = 'backbone+neck',
-                        keep_float=DEFAULT_KEEP_FLOAT, num_calib: int = 32, work_dir: str | None = None,
+                        keep_float=None, num_calib: int = 32, work_dir: str | None = None,
                         cfg_options: dict | None = None, runner=None) -> dict:
     """Quantise ``part`` of the model of ``config`` with ``checkpoint``, calibrated on ``num_calib`` training
     images (:func:`calibration_images`); the int8 file goes into ``work_dir``.
@@ -153,12 +154,13 @@ def quantize_checkpoint(config: str, checkpoint: str, backend: str = 'xnnpack', 
     built = build_int8_part(float_part, calib, backend, osp.join(work_dir, f'int8_{backend}{ext}'), keep_float)
     with torch.no_grad():
         cos = cosine(built['runner'](calib[0]), float_part(calib[0]))
-    return dict(path=built['path'], backend=backend, part=part, keep_float=keep_float, num_calib=num_calib,
+    return dict(path=built['path'], backend=backend, part=part, keep_float=default_keep_float(backend, keep_float),
+                num_calib=num_calib,
                 shape=built['shape'], runner=built['runner'], runner_obj=runner, cosine=cos)
 
 
 def evaluate_int8(config: str, checkpoint: str, backend: str = 'xnnpack', part: str = 'backbone+neck',
-                  keep_float=DEFAULT_KEEP_FLOAT, num_calib: int = 32, work_dir: str | None = None,
+                  keep_float=None, num_calib: int = 32, work_dir: str | None = None,
                   cfg_options: dict | None = None, skip_fp32: bool = False) -> dict:
     """fp32 and int8 metrics of ``checkpoint`` on the config's test split (the same images, the same evaluator).
 
@@ -187,7 +189,7 @@ def _median_ms(fn: Callable, x: torch.Tensor) -> Callable[[], float]:
 
 
 def int8_rows(model_part: nn.Module, example: torch.Tensor, calibration: Sequence[torch.Tensor] | None = None,
-              backends: Sequence[str] = BACKENDS, keep_float=DEFAULT_KEEP_FLOAT, repeats: int = 10,
+              backends: Sequence[str] = BACKENDS, keep_float=None, repeats: int = 10,
               warmup: int = 2, work_dir: str = 'work_dirs/int8_rows', metric: dict | None = None,
               name: str = '') -> list[dict]:
     """Rows for a speed table: eager fp32 and each int8 runtime on ``example`` ``(1, 3, H, W)``.

@@ -18,7 +18,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from .quantize import DEFAULT_KEEP_FLOAT, resolve_keep_float
+from .quantize import DEFAULT_KEEP_FLOAT_BY_BACKEND, resolve_keep_float
+
+_DEFAULT = DEFAULT_KEEP_FLOAT_BY_BACKEND['onnxruntime']
 
 __all__ = ['float_node_names', 'quantize_onnxruntime', 'OrtRunner']
 
@@ -27,7 +29,7 @@ def _meta(node) -> dict[str, str]:
     return {p.key: p.value for p in node.metadata_props}
 
 
-def float_node_names(onnx_model, module: nn.Module, keep_float=DEFAULT_KEEP_FLOAT) -> list[str]:
+def float_node_names(onnx_model, module: nn.Module, keep_float=_DEFAULT) -> list[str]:
     """Names of the ONNX nodes that ``keep_float`` (see :func:`~mmplugin.deploy.quantize.resolve_keep_float`)
     selects: nodes recorded under a kept module class or inside a kept module name."""
     types, names = resolve_keep_float(module, keep_float)
@@ -54,7 +56,7 @@ class _Reader:
 
 
 def quantize_onnxruntime(module: nn.Module, calibration: Sequence[torch.Tensor], out: str,
-                         keep_float=DEFAULT_KEEP_FLOAT, example: torch.Tensor | None = None) -> dict:
+                         keep_float=_DEFAULT, example: torch.Tensor | None = None) -> dict:
     """Export ``module`` (prepared by ``int8_ready``) to ONNX and write its static int8 QDQ form to ``out``.
 
     Returns ``dict(path=out, float_nodes=[names kept float], fp32_path=the fp32 .onnx beside it)``.
