@@ -280,6 +280,22 @@ def require_files(*named: tuple[str, str | None], urls: bool = False) -> None:
             raise FileNotFoundError(f'{what} file not found: {path}{hint}')
 
 
+def _reattach_closed_log_streams() -> None:
+    """Point console log handlers whose stream was closed (a tool called in-process after the caller swapped and
+    closed ``sys.stdout`` / ``sys.stderr``, as test capture does) at the current ``sys.stdout``: otherwise the
+    first log line of the next call prints ``--- Logging error ---`` with a traceback instead of the message."""
+    import logging
+    loggers = [logging.getLogger()] + [lg for lg in logging.Logger.manager.loggerDict.values()
+                                       if isinstance(lg, logging.Logger)]
+    mm = sys.modules.get('mmengine.logging')  # MMLogger instances are kept outside logging's registry
+    if mm is not None and hasattr(mm, 'MMLogger'):
+        loggers += list(getattr(mm.MMLogger, '_instance_dict', {}).values())
+    for lg in loggers:
+        for h in lg.handlers:
+            if type(h) is logging.StreamHandler and getattr(h.stream, 'closed', False):
+                h.setStream(sys.stdout)
+
+
 def tool_main(main: Callable[..., object]) -> Callable[..., object]:
     """Wrap a tool's ``main(argv=None)``: user errors print ``error: <message>`` on stderr and return 2.
 
@@ -287,6 +303,7 @@ def tool_main(main: Callable[..., object]) -> Callable[..., object]:
     """
     @functools.wraps(main)
     def wrapper(*args, **kwargs):
+        _reattach_closed_log_streams()
         try:
             rc = main(*args, **kwargs)
         except Exception as err:  # noqa: BLE001  (sorted out below: only user errors are caught)
