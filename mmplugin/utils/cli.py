@@ -293,7 +293,11 @@ def _reattach_closed_log_streams() -> None:
     for lg in loggers:
         for h in lg.handlers:
             if type(h) is logging.StreamHandler and getattr(h.stream, 'closed', False):
-                h.setStream(sys.stdout)
+                h.acquire()
+                try:  # not setStream(): it flushes the closed stream first
+                    h.stream = sys.stdout
+                finally:
+                    h.release()
 
 
 def tool_main(main: Callable[..., object]) -> Callable[..., object]:
