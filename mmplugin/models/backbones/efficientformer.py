@@ -15,7 +15,6 @@ tokens, after an empty slot where the official model flattens; output norms ``no
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Sequence
 
 import torch
@@ -28,6 +27,7 @@ from ...registry import MODELS
 from ..layers import DropPath
 from .arguments import check_int_list
 from .base import BaseBackbone
+from .metaformer_layout import MetaFormerLayout
 
 __all__ = ['EfficientFormer']
 
@@ -162,7 +162,7 @@ class Downsample(nn.Module):
 
 
 @MODELS.register_module()
-class EfficientFormer(BaseBackbone):
+class EfficientFormer(MetaFormerLayout, BaseBackbone):
     """EfficientFormer (V1) backbone returning a 4-level pyramid (strides 4/8/16/32), the official ``*_feat`` model.
 
     Paper: https://arxiv.org/abs/2206.01191. Weights: the official ImageNet files (``efficientformer_l1_300d.pth``,
@@ -268,35 +268,9 @@ class EfficientFormer(BaseBackbone):
             extra = tuple(f'network.6.{j}.token_mixer.attention_biases_seg' for j in range(len(self.network[6])))
         return super().optional_missing_prefixes(state_dict) + extra
 
-    def stem_modules(self) -> list[nn.Module]:
-        return [self.patch_embed]
-
-    def stage_modules(self, i: int) -> list[nn.Module]:
-        return [self.network[2 * i]] + ([self.network[2 * i - 1]] if i else [])
-
-    def layer_depth(self, name: str) -> int:
-        """0 stem; blocks numbered 1..sum(depths) in order (the flattening slot is not a block); a downsample
-        shares the next stage's first block's index and an output norm its stage's last block's."""
-        if name.startswith('patch_embed.'):
-            return 0
-        m = re.match(r'network\.(\d+)\.(?:(\d+)\.)?', name)
-        if m:
-            n = int(m.group(1))
-            i = (n + 1) // 2
-            if n % 2:  # downsample into stage i
-                return sum(self.depths[:i]) + 1
-            j = int(m.group(2))
-            if i == 3 and j > self.depths[3] - self.vit_num:
-                j -= 1  # past the flattening slot
-            return sum(self.depths[:i]) + j + 1
-        m = re.match(r'norm(\d+)\.', name)
-        if m:
-            return sum(self.depths[:int(m.group(1)) + 1])
-        return self.num_layers - 1
-
-    @property
-    def num_layers(self) -> int:
-        return sum(self.depths) + 2
+    def block_number(self, i: int, j: int) -> int:
+        """Blocks after stage 3's flattening slot (no parameters) are one index further in ``network.6``."""
+        return j - 1 if i == 3 and self.vit_num and j > self.depths[3] - self.vit_num else j
 
     def arch_description(self) -> str:
         return (f'the model is arch {self.arch_name!r} with embed_dims={self.embed_dims}, depths={self.depths}, '

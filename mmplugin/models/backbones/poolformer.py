@@ -15,7 +15,6 @@ the official model's.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 import torch
@@ -28,6 +27,7 @@ from ...registry import MODELS
 from ..layers import DropPath
 from .arguments import check_int_list
 from .base import BaseBackbone
+from .metaformer_layout import MetaFormerLayout
 
 __all__ = ['PoolFormer']
 
@@ -77,7 +77,7 @@ class _Embed(nn.Module):
 
 
 @MODELS.register_module()
-class PoolFormer(BaseBackbone):
+class PoolFormer(MetaFormerLayout, BaseBackbone):
     """PoolFormer backbone returning a 4-level pyramid (strides 4/8/16/32), the official ``fork_feat`` model.
 
     Paper: https://arxiv.org/abs/2111.11418. Weights: the official releases (``poolformer_s12.pth.tar``, raw),
@@ -159,31 +159,6 @@ class PoolFormer(BaseBackbone):
             if isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1):
                 trunc_normal_(m.weight, std=0.02)
                 nn.init.zeros_(m.bias)
-
-    def stem_modules(self) -> list[nn.Module]:
-        return [self.patch_embed]
-
-    def stage_modules(self, i: int) -> list[nn.Module]:
-        return [self.network[2 * i]] + ([self.network[2 * i - 1]] if i else [])
-
-    def layer_depth(self, name: str) -> int:
-        """0 stem; blocks numbered 1..sum(depths); a downsample shares the next stage's first block's index and
-        an output norm its stage's last block's."""
-        if name.startswith('patch_embed.'):
-            return 0
-        m = re.match(r'network\.(\d+)\.(?:(\d+)\.)?', name)
-        if m:
-            n = int(m.group(1))
-            i = (n + 1) // 2
-            return sum(self.depths[:i]) + 1 + (0 if n % 2 else int(m.group(2)))
-        m = re.match(r'norm(\d+)\.', name)
-        if m:
-            return sum(self.depths[:int(m.group(1)) + 1])
-        return self.num_layers - 1
-
-    @property
-    def num_layers(self) -> int:
-        return sum(self.depths) + 2
 
     def arch_description(self) -> str:
         return f'the model is arch {self.arch_name!r} with embed_dims={self.embed_dims}, depths={self.depths}'
