@@ -1,6 +1,2 @@
-# SwiftFormer-L1 Mask R-CNN 1x, COCO. Source: SwiftFormer paper §4.4 / Table 3; recipe in _base_/swiftformer_maskrcnn_1x.py.
-# Paper: box AP 41.2, mask AP 38.1 (Table 3 reports L1 and L3 only).
-_base_ = ['./_base_/swiftformer_maskrcnn_1x.py']
-model = dict(
-    backbone=dict(arch='l1', init_cfg=dict(type='Pretrained', checkpoint='weights/SwiftFormer_L1.pth')),
-    neck=dict(in_channels=[48, 96, 192, 384]))
+# Former path of swiftformer/swiftformer_l1_maskrcnn_1x_coco.py; kept so that existing commands keep loading.
+_base_ = ['./swiftformer/swiftformer_l1_maskrcnn_1x_coco.py']

@@ -1,6 +1,2 @@
-# SwiftFormer-XS Mask R-CNN 1x, COCO. Source: SwiftFormer paper §4.4 / Table 3; recipe in _base_/swiftformer_maskrcnn_1x.py.
-# Paper: box AP -, mask AP - (Table 3 reports L1 and L3 only).
-_base_ = ['./_base_/swiftformer_maskrcnn_1x.py']
-model = dict(
-    backbone=dict(arch='xs', init_cfg=dict(type='Pretrained', checkpoint='weights/SwiftFormer_XS.pth')),
-    neck=dict(in_channels=[48, 56, 112, 220]))
+# Former path of swiftformer/swiftformer_xs_maskrcnn_1x_coco.py; kept so that existing commands keep loading.
+_base_ = ['./swiftformer/swiftformer_xs_maskrcnn_1x_coco.py']

@@ -1,8 +1,2 @@
-# Swin-B UperNet 160k, ADE20K 512x512. Source: Swin paper §4.3 / A2.3; official segmentation repo
-# configs/swin/upernet_swin_base_patch4_window7_512x512_160k_ade20k.py. Official mIoU single-scale / multi-scale+flip:
-# 48.13 / 49.72 (multi-scale + flip: tools/test.py --tta).
-_base_ = ['./_base_/swin_upernet_160k.py']
-model = dict(
-    backbone=dict(arch='base', init_cfg=dict(type='Pretrained', checkpoint='weights/swin_base_patch4_window7_224.pth')),
-    decode_head=dict(in_channels=[128, 256, 512, 1024]),
-    auxiliary_head=dict(in_channels=512))
+# Former path of swin/swin_b_upernet_160k_ade20k.py; kept so that existing commands keep loading.
+_base_ = ['./swin/swin_b_upernet_160k_ade20k.py']

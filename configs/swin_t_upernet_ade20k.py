@@ -1,8 +1,2 @@
-# Swin-T UperNet 160k, ADE20K 512x512. Source: Swin paper §4.3 / A2.3; official segmentation repo
-# configs/swin/upernet_swin_tiny_patch4_window7_512x512_160k_ade20k.py. Official mIoU single-scale / multi-scale+flip:
-# 44.51 / 45.81 (multi-scale + flip: tools/test.py --tta).
-_base_ = ['./_base_/swin_upernet_160k.py']
-model = dict(
-    backbone=dict(arch='tiny', init_cfg=dict(type='Pretrained', checkpoint='weights/swin_tiny_patch4_window7_224.pth')),
-    decode_head=dict(in_channels=[96, 192, 384, 768]),
-    auxiliary_head=dict(in_channels=384))
+# Former path of swin/swin_t_upernet_160k_ade20k.py; kept so that existing commands keep loading.
+_base_ = ['./swin/swin_t_upernet_160k_ade20k.py']

@@ -5,8 +5,8 @@ torch >= 2.6 (see :mod:`mmplugin.checkpoint`). A config needs only::
 
     custom_imports = dict(imports=['mmplugin'], allow_failed_imports=False)
 
-It also teaches mmengine the ``mmplugin::`` config prefix (``_base_ = ['mmplugin::swin_t_maskrcnn_1x.py']``, see
-:mod:`mmplugin.config_scope`).
+It also teaches mmengine the ``mmplugin::`` config prefix
+(``_base_ = ['mmplugin::swin/swin_t_maskrcnn_1x_coco.py']``, see :mod:`mmplugin.config_scope`).
 """
 import warnings
 
@@ -14,15 +14,18 @@ import warnings
 # (nothing a user of the plugin can act on); only that message is silenced, before they are imported
 warnings.filterwarnings('ignore', message='pkg_resources is deprecated', category=UserWarning)
 
-from .version import __version__  # noqa: E402
-from .checkpoint import install_safe_checkpoint_loading  # noqa: E402
-from .config_scope import config_file, config_root, install_config_scope  # noqa: E402
-from .registry import MODELS, OPTIM_WRAPPER_CONSTRUCTORS  # noqa: E402
+from mmplugin.checkpoint import install_safe_checkpoint_loading  # noqa: E402
+from mmplugin.config_scope import config_file, config_root, install_config_scope  # noqa: E402
+from mmplugin.registry import MODELS, OPTIM_WRAPPER_CONSTRUCTORS  # noqa: E402
+from mmplugin.version import __version__  # noqa: E402
 
 install_safe_checkpoint_loading()
 install_config_scope()
 
-from . import engine, models, optim  # noqa: E402,F401  (registers the backbones, the AMP wrapper, the optimizer constructor)
+from mmplugin import engine, models  # noqa: E402,F401  (registers the backbones, the AMP wrapper, the optimizer constructor)
+from mmplugin.loading import install_converting_loader  # noqa: E402
+
+install_converting_loader()
 
 __all__ = ['__version__', 'config_file', 'config_root', 'install_config_scope', 'MODELS', 'OPTIM_WRAPPER_CONSTRUCTORS',
-           'engine', 'models', 'optim']
+           'engine', 'models']

@@ -3,33 +3,24 @@
 :func:`build_model` is the one builder of ``tools/export.py``, ``tools/export_mmdeploy.py``, ``tools/infer.py``'s fit
 check, ``tools/convert_checkpoint.py --config`` and ``tools/speed_table.py``; :func:`checkpoint_fit` is the fit check
 of those and of ``tools/test.py`` (on the runner's model); :func:`load_config` reads a config the way every tool
-does. Whether a checkpoint fits is decided by :func:`mmplugin.checkpoint.check_checkpoint_fits` (published layouts of
-the plugin's backbones are converted first), on the part of the model that is used: exporting the backbone of a
-detector needs the backbone's weights only, so a backbone-only file (e.g. converted ImageNet weights) is enough
-there, and refused where the neck is exported too.
+does. Whether a checkpoint fits, and loading it, is :mod:`mmplugin.loading.fit` (published layouts of the plugin's
+backbones are converted first), on the part of the model that is used; :func:`checkpoint_fit`,
+:func:`load_checkpoint_checked` and :data:`PART_CHILDREN` are re-exported here as the tools' one entry point.
 """
 from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from .utils.errors import ConfigWiringError, PartError
+from mmplugin.loading.fit import PART_CHILDREN, checkpoint_fit, load_checkpoint_checked
+from mmplugin.utils.errors import ConfigWiringError, PartError
 
 __all__ = ['PartError', 'PART_CHILDREN', 'load_config', 'build_model', 'checkpoint_fit',
            'load_checkpoint_checked', 'ConfigWiringError', 'PYRAMID_NECKS', 'check_model_wiring']
-
-# the model's top-level children each part runs; None: the whole model
-PART_CHILDREN: dict[str, tuple[str, ...] | None] = {
-    'backbone': ('backbone', ),
-    'backbone+neck': ('backbone', 'neck'),
-    'model': None,
-}
-
 
 def load_config(cfg, cfg_options: Mapping | None = None):
     """``cfg`` (a path or an mmengine ``Config``) with ``cfg_options`` (``--cfg-options key=value``) merged in.
@@ -41,7 +32,7 @@ def load_config(cfg, cfg_options: Mapping | None = None):
     """
     from mmengine.config import Config
 
-    from .utils.cli import check_cfg_option_keys, nearest_config
+    from mmplugin.cli.common import check_cfg_option_keys, nearest_config
     if isinstance(cfg, (str, os.PathLike)):
         if not os.path.isfile(cfg):
             raise FileNotFoundError(f'config file not found: {cfg}{nearest_config(str(cfg))}')
@@ -49,114 +40,12 @@ def load_config(cfg, cfg_options: Mapping | None = None):
     else:
         cfg = copy.deepcopy(cfg)
     if cfg_options:
-        from .utils.cli import CfgOptionError
+        from mmplugin.cli.common import CfgOptionError
         try:
             cfg.merge_from_dict(check_cfg_option_keys(cfg, dict(cfg_options)))
         except TypeError as err:  # e.g. a dict merged into a key the config holds as None
             raise CfgOptionError(f'--cfg-options: {err}') from None
     return cfg
-
-
-class _Part(nn.Module):
-    """The children of ``model`` that ``names`` lists, under their own names (their ``state_dict`` keys are the
-    whole model's keys of that part)."""
-
-    def __init__(self, model: nn.Module, names: Sequence[str]):
-        super().__init__()
-        for name in names:
-            child = getattr(model, name, None)
-            if not isinstance(child, nn.Module):
-                raise PartError(f'{type(model).__name__} has no {name}: choose a part it has')
-            self.add_module(name, child)
-
-
-def _part_checkpoint(ckpt: Any, names: Sequence[str]) -> dict[str, torch.Tensor]:
-    """The checkpoint's tensors of the part made of the children ``names`` (keys ``backbone.*``, ``neck.*``, ...).
-
-    A file without any ``backbone.`` key is a backbone-only file (an ImageNet classifier, a converted backbone):
-    its keys are the backbone's, so they get the ``backbone.`` prefix; the other children then find nothing.
-    """
-    from .converters.common import unwrap_state_dict
-    sd = ckpt.get('state_dict', ckpt) if isinstance(ckpt, Mapping) else None
-    if isinstance(sd, Mapping):
-        sd = {k[len('module.'):] if str(k).startswith('module.') else str(k): v for k, v in sd.items()}
-    if isinstance(sd, Mapping) and any(k.startswith('backbone.') for k in sd):
-        return {k: v for k, v in sd.items() if k.split('.', 1)[0] in names}
-    backbone = unwrap_state_dict(ckpt)  # CheckpointError when the file holds no tensors
-    return {f'backbone.{k}': v for k, v in backbone.items()}
-
-
-def _part_and_checkpoint(model: nn.Module, ckpt: Any, part: str | None) -> tuple[nn.Module, Any]:
-    """The module holding the ``part`` in use and the checkpoint restricted to that part (the whole model and the
-    checkpoint as they are for ``part=None``)."""
-    while hasattr(model, 'module') and isinstance(model.module, nn.Module):
-        model = model.module
-    if part is not None and part not in PART_CHILDREN:
-        raise PartError(f'part must be one of {tuple(PART_CHILDREN)}, got {part!r}')
-    names = PART_CHILDREN.get(part) if part is not None else None
-    if names is None:
-        return model, ckpt
-    return _Part(model, names), {'state_dict': _part_checkpoint(ckpt, names)}
-
-
-def checkpoint_fit(model: nn.Module, ckpt: Any, *, part: str | None = None, source: str = 'the checkpoint',
-                   model_name: str = 'the model') -> str | None:
-    """Whether the loaded checkpoint ``ckpt`` fits the ``part`` of ``model`` that is used (nothing is loaded).
-
-    Args:
-        model: the detector / segmentor (wrappers are unwrapped).
-        ckpt: a checkpoint loaded with :func:`mmplugin.checkpoint.load_checkpoint_file`.
-        part: a key of :data:`PART_CHILDREN`; only that part's keys are compared (None: the whole model).
-        source, model_name: how the message names the file and the model (e.g. the config).
-
-    Returns:
-        None when it fits, else the message of :func:`mmplugin.checkpoint.check_checkpoint_fits`.
-    """
-    from .checkpoint import check_checkpoint_fits
-    target, used = _part_and_checkpoint(model, ckpt, part)
-    what = model_name if part in (None, 'model') else f'the {part} of {model_name}'
-    return check_checkpoint_fits(target, used, source=source, model_name=what)
-
-
-def load_checkpoint_checked(model: nn.Module, checkpoint: str | Mapping, *, part: str | None = None,
-                            strict: bool = True, source: str | None = None,
-                            model_name: str = 'the model') -> str | None:
-    """Load ``checkpoint`` (weights-only) into ``model`` after checking that it fits the ``part`` that is used
-    (:func:`checkpoint_fit`); published layouts of the plugin's backbones are converted as they load.
-
-    Args:
-        model: the detector / segmentor (wrappers are unwrapped).
-        checkpoint: a path or http(s) URL, or a checkpoint already loaded with
-            :func:`mmplugin.checkpoint.load_checkpoint_file`.
-        part: a key of :data:`PART_CHILDREN`; only that part's keys are compared and loaded (None: the whole model).
-        strict: a checkpoint that does not fit raises; otherwise it is loaded as far as it fits and the problem
-            returned (missing weights stay as they are).
-        source, model_name: how messages name the file (default: the path) and the model (e.g. the config).
-
-    Returns:
-        None when it fits, else the message of :func:`checkpoint_fit` (``strict=False``).
-
-    Raises:
-        CheckpointError: the file cannot be read safely, holds no state dict, or does not fit (``strict``).
-    """
-    from .checkpoint import CheckpointError, load_checkpoint_file
-    from .converters.whole_model import convert_model_state_dict
-    loaded = isinstance(checkpoint, Mapping)
-    ckpt = checkpoint if loaded else load_checkpoint_file(checkpoint)
-    source = source or ('the checkpoint' if loaded else str(checkpoint))
-    problem = checkpoint_fit(model, ckpt, part=part, source=source, model_name=model_name)
-    if problem and strict:
-        raise CheckpointError(problem)
-    target, used = _part_and_checkpoint(model, ckpt, part)
-    sd = used.get('state_dict', used) if isinstance(used, Mapping) else None
-    if not isinstance(sd, Mapping):
-        raise CheckpointError(problem or f'{source} holds no state dict')
-    sd = {k[len('module.'):] if str(k).startswith('module.') else str(k): v for k, v in sd.items()}
-    own = target.state_dict()
-    converted = convert_model_state_dict(target, sd).state_dict
-    target.load_state_dict({k: v for k, v in converted.items()
-                            if k in own and getattr(v, 'shape', None) == own[k].shape}, strict=False)
-    return problem
 
 
 def build_model(cfg, checkpoint: str | None = None, *, strict: bool = True, part: str | None = None,

@@ -5,7 +5,7 @@ mmengine resolves ``_base_ = ['mmdet::...']`` only for the OpenMMLab packages it
 config`` (and it requires a folder in the path). Importing :mod:`mmplugin` installs :func:`install_config_scope`,
 after which mmengine reads::
 
-    _base_ = ['mmplugin::swin_t_maskrcnn_1x.py']          # configs/swin_t_maskrcnn_1x.py
+    _base_ = ['mmplugin::swin/swin_t_maskrcnn_1x_coco.py']          # configs/swin/swin_t_maskrcnn_1x_coco.py
     _base_ = ['mmplugin::_base_/swin_maskrcnn.py']        # configs/_base_/swin_maskrcnn.py
 
 The configs live in the repository's ``configs/``; the package reaches them as ``mmplugin/.mim/configs`` (a link in
@@ -36,10 +36,11 @@ def config_root() -> Path:
 
 
 def config_file(name: str) -> Path:
-    """Absolute path of the plugin config ``name`` (``'swin_t_maskrcnn_1x.py'``, ``'_base_/swin_maskrcnn.py'``;
-    a leading ``mmplugin::`` is accepted). Raises FileNotFoundError listing the available configs."""
+    """Absolute path of the plugin config ``name`` (``'swin/swin_t_maskrcnn_1x_coco.py'``,
+    ``'_base_/swin_maskrcnn.py'``; a leading ``mmplugin::`` is accepted). Raises FileNotFoundError listing the
+    available configs."""
     if not isinstance(name, str) or not name.strip():
-        raise ValueError(f'config name must be a non-empty string such as {PREFIX}swin_t_maskrcnn_1x.py, '
+        raise ValueError(f'config name must be a non-empty string such as {PREFIX}swin/swin_t_maskrcnn_1x_coco.py, '
                          f'got {name!r}')
     rel = name[len(PREFIX):] if name.startswith(PREFIX) else name
     root = config_root()
@@ -47,8 +48,10 @@ def config_file(name: str) -> Path:
     if root.resolve() not in path.parents:
         raise ValueError(f'{PREFIX}{rel} points outside the plugin configs; name a file under {root}')
     if not path.is_file():
-        shipped = sorted(p.relative_to(root).as_posix() for p in root.glob('*.py'))
-        raise FileNotFoundError(f'no plugin config {PREFIX}{rel} (looked for {path}). Top-level configs: '
+        # the model configs, one folder per family (the flat former paths are stubs and not listed)
+        shipped = sorted(p.relative_to(root).as_posix() for p in root.glob('*/*.py')
+                         if p.parent.name not in ('_base_', 'demo', 'deploy'))
+        raise FileNotFoundError(f'no plugin config {PREFIX}{rel} (looked for {path}). Model configs: '
                                 f'{", ".join(shipped)}; bases are under {PREFIX}_base_/')
     return path
 
@@ -91,8 +94,7 @@ def _from_import_name(cfg_path: str):
     import importlib.util
     import os.path as osp
 
-    from mmengine.config.utils import (_get_external_cfg_base_path, _get_external_cfg_path,
-                                       _get_package_and_cfg_path)
+    from mmengine.config.utils import _get_external_cfg_base_path, _get_external_cfg_path, _get_package_and_cfg_path
     if '::' not in cfg_path:
         return None
     scope = cfg_path.partition('::')[0]

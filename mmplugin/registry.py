@@ -15,26 +15,26 @@ __all__ = ['MODELS']
 from mmengine.registry import OPTIM_WRAPPER_CONSTRUCTORS as MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS  # noqa: E402
 
 OPTIM_WRAPPER_CONSTRUCTORS = Registry('optimizer wrapper constructor', parent=MMENGINE_OPTIM_WRAPPER_CONSTRUCTORS,
-                                      scope='mmplugin', locations=['mmplugin.optim'])
+                                      scope='mmplugin', locations=['mmplugin.engine.optim'])
 
 __all__ += ['OPTIM_WRAPPER_CONSTRUCTORS']
 
 from mmengine.registry import MODEL_WRAPPERS as MMENGINE_MODEL_WRAPPERS  # noqa: E402
 
 MODEL_WRAPPERS = Registry('model_wrapper', parent=MMENGINE_MODEL_WRAPPERS, scope='mmplugin',
-                          locations=['mmplugin.utils.ddp'])
+                          locations=['mmplugin.engine.ddp'])
 
 __all__ += ['MODEL_WRAPPERS']
 
 from mmengine.registry import HOOKS as MMENGINE_HOOKS  # noqa: E402
 
-HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='mmplugin', locations=['mmplugin.utils.seg_test_vis'])
+HOOKS = Registry('hook', parent=MMENGINE_HOOKS, scope='mmplugin', locations=['mmplugin.engine.seg_test_vis'])
 
 __all__ += ['HOOKS']
 
 from mmengine.registry import FUNCTIONS as MMENGINE_FUNCTIONS  # noqa: E402
 
-FUNCTIONS = Registry('function', parent=MMENGINE_FUNCTIONS, scope='mmplugin', locations=['mmplugin.utils.fsdp'])
+FUNCTIONS = Registry('function', parent=MMENGINE_FUNCTIONS, scope='mmplugin', locations=['mmplugin.engine.fsdp'])
 
 __all__ += ['FUNCTIONS']
 

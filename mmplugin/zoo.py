@@ -1,10 +1,10 @@
 """The plugin's model zoo: the OpenMMLab model index of its configs and the published checkpoints they evaluate.
 
 ``model-index.yml`` (repository root; ``mmplugin/.mim/model-index.yml`` in the package, which is what ``mim search
-mmplugin`` reads) imports one metafile per backbone family from ``configs/metafiles/``. Each metafile has the
-OpenMMLab layout: ``Collections`` (the family: paper, code, training data) and ``Models``, one per published
-checkpoint and one per config without any. A model with a checkpoint has ``Weights`` (its URL), ``Results`` (the
-publisher's numbers for it) and ``Source`` (who published URL and numbers, at which commit or release); a config
+mmplugin`` reads) imports one metafile per config family, beside its configs (``configs/<family>/metafile.yml``). Each
+metafile has the OpenMMLab layout: ``Collections`` (the family: paper, code, training data) and ``Models``, one per
+published checkpoint and one per config without any. A model with a checkpoint has ``Weights`` (its URL), ``Results``
+(the publisher's numbers for it) and ``Source`` (who published URL and numbers, at which commit or release); a config
 without one has neither, says why in ``No Weights``, and ``Paper Results`` holds the paper's numbers where the paper
 reports any (numbers no downloadable file reproduces). Every entry evaluates with::
 
@@ -132,7 +132,8 @@ def main(argv=None) -> int:
     rows = [m for m in load_models()
             if all(w.lower() in f"{m['Name']} {m.get('Config', '')}".lower() for w in args.words)]
     for m in rows:
-        print(f"{m['Name']}  {m.get('Config', '')}  {m.get('Weights') or '(no weights: ' + str(m.get('No Weights', '')) + ')'}")
+        weights = m.get('Weights') or f"(no weights: {m.get('No Weights', '')})"
+        print(f"{m['Name']}  {m.get('Config', '')}  {weights}")
     print(f'{len(rows)} of {len(load_models())} models')
     return 0
 

@@ -9,12 +9,25 @@ import pytest
 import torch
 
 import mmplugin  # noqa: F401  (registers models, installs safe loading)
-from mmplugin.testing.numeric import (BF16_VS_FP32, FP32_PARITY, FP64_PARITY, PARITY_DEPTH, PARITY_TERMS,  # noqa: F401
-                                      U_BF16, U_FP32, U_FP64, outputs_in_float64, probabilistic_bound, randomize_,
-                                      worst_case_bound)
+from mmplugin.testing.numeric import (  # noqa: F401
+    BF16_VS_FP32,
+    FP32_PARITY,
+    FP64_PARITY,
+    PARITY_DEPTH,
+    PARITY_TERMS,
+    U_BF16,
+    U_FP32,
+    U_FP64,
+    outputs_in_float64,
+    probabilistic_bound,
+    randomize_,
+    worst_case_bound,
+)
 from mmplugin.utils.numerics import rel_error as rel_err  # noqa: F401  (max|a - b| / max|b| in float64)
 
 DATA = Path(__file__).parent / 'data'
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / 'configs'
 
 
 def with_env_dump(text: str) -> str:
@@ -82,3 +95,63 @@ def _seed():
 def _no_weights_only_override():
     assert 'TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD' not in os.environ
     yield
+
+
+# ---------------------------------------------------------------- whole models from configs, and tiny batches
+def _build(cfg):
+    if cfg.get('default_scope', 'mmdet') == 'mmseg':
+        from mmseg.registry import MODELS
+        from mmseg.utils import register_all_modules
+    else:
+        from mmdet.registry import MODELS
+        from mmdet.utils import register_all_modules
+    register_all_modules(init_default_scope=True)
+    return MODELS.build(cfg.model)
+
+
+def _det_batch(model, size=96):
+    from mmdet.structures import DetDataSample
+    from mmdet.structures.mask import BitmapMasks
+    from mmengine.structures import InstanceData
+    samples = []
+    for i in range(2):
+        s = DetDataSample(metainfo=dict(img_shape=(size, size), ori_shape=(size, size), pad_shape=(size, size),
+                                        scale_factor=(1., 1.), batch_input_shape=(size, size), img_id=i))
+        gt = InstanceData()
+        gt.bboxes = torch.tensor([[10., 12., 60., 70.], [30., 5., 90., 40.]])
+        gt.labels = torch.tensor([1, 3])
+        masks = torch.zeros(2, size, size, dtype=torch.uint8)
+        masks[0, 12:70, 10:60] = 1
+        masks[1, 5:40, 30:90] = 1
+        gt.masks = BitmapMasks(masks.numpy(), size, size)
+        s.gt_instances = gt
+        if getattr(getattr(model, 'roi_head', None), 'with_semantic', False):  # HTC's COCO-stuff branch
+            from mmengine.structures import PixelData
+            s.gt_sem_seg = PixelData(sem_seg=torch.randint(0, 183, (1, size, size)))
+        samples.append(s)
+    return dict(inputs=[torch.randint(0, 255, (3, size, size), dtype=torch.uint8) for _ in range(2)],
+                data_samples=samples)
+
+
+def _seg_batch(size=64):
+    from mmengine.structures import PixelData
+    from mmseg.structures import SegDataSample
+    samples = []
+    for _ in range(2):
+        s = SegDataSample(metainfo=dict(img_shape=(size, size), ori_shape=(size, size), pad_shape=(size, size)))
+        s.gt_sem_seg = PixelData(data=torch.randint(0, 150, (1, size, size)))
+        samples.append(s)
+    return dict(inputs=[torch.randint(0, 255, (3, size, size), dtype=torch.uint8) for _ in range(2)],
+                data_samples=samples)
+
+
+def _check_channels(cfg, model):
+    out = list(model.backbone.out_channels)
+    if 'neck' in cfg.model and 'in_channels' in cfg.model.neck:
+        assert list(cfg.model.neck.in_channels) == out
+    if cfg.model.get('decode_head') and cfg.model.get('neck') is None:
+        assert list(cfg.model.decode_head.in_channels) == out
+    aux = cfg.model.get('auxiliary_head')
+    if aux and cfg.model.get('neck') is None:
+        idx = aux.get('in_index', 2)
+        assert aux.in_channels == out[idx]

@@ -3,7 +3,7 @@
 The command line lives in :mod:`mmplugin.cli.benchmark` (``python tools/benchmark.py --help``).
 """
 from mmplugin.cli.benchmark import main
-from mmplugin.utils.cli import run_tool
+from mmplugin.cli.common import run_tool
 
 if __name__ == '__main__':
     run_tool(main)

@@ -3,8 +3,8 @@ whole-model (detector / segmentor) checkpoint to the model of a config.
 
 The command line lives in :mod:`mmplugin.cli.convert_checkpoint` (``python tools/convert_checkpoint.py --help``).
 """
+from mmplugin.cli.common import run_tool
 from mmplugin.cli.convert_checkpoint import main
-from mmplugin.utils.cli import run_tool
 
 if __name__ == '__main__':
     run_tool(main)

@@ -3,8 +3,8 @@
 
 The command line lives in :mod:`mmplugin.cli.edge_table` (``python tools/edge_table.py --help``).
 """
+from mmplugin.cli.common import run_tool
 from mmplugin.cli.edge_table import main
-from mmplugin.utils.cli import run_tool
 
 if __name__ == '__main__':
     run_tool(main)

@@ -3,8 +3,8 @@ and width, then check onnxruntime against PyTorch eager at other sizes.
 
 The command line lives in :mod:`mmplugin.cli.export` (``python tools/export.py --help``).
 """
+from mmplugin.cli.common import run_tool
 from mmplugin.cli.export import main
-from mmplugin.utils.cli import run_tool
 
 if __name__ == '__main__':
     run_tool(main)

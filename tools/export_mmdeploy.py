@@ -3,8 +3,8 @@ onnxruntime, then compare onnxruntime with mmdet's ``predict`` at other sizes.
 
 The command line lives in :mod:`mmplugin.cli.export_mmdeploy` (``python tools/export_mmdeploy.py --help``).
 """
+from mmplugin.cli.common import run_tool
 from mmplugin.cli.export_mmdeploy import main
-from mmplugin.utils.cli import run_tool
 
 if __name__ == '__main__':
     run_tool(main)

@@ -3,8 +3,8 @@ training step on a synthetic image.
 
 The command line lives in :mod:`mmplugin.cli.fsdp_memory` (``python tools/fsdp_memory.py --help``).
 """
+from mmplugin.cli.common import run_tool
 from mmplugin.cli.fsdp_memory import main
-from mmplugin.utils.cli import run_tool
 
 if __name__ == '__main__':
     run_tool(main)

@@ -3,8 +3,8 @@ built from configs.
 
 The command line lives in :mod:`mmplugin.cli.get_flops` (``python tools/get_flops.py --help``).
 """
+from mmplugin.cli.common import run_tool
 from mmplugin.cli.get_flops import main
-from mmplugin.utils.cli import run_tool
 
 if __name__ == '__main__':
     run_tool(main)

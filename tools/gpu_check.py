@@ -4,8 +4,8 @@ peak memory side by side.
 
 The command line lives in :mod:`mmplugin.cli.gpu_check` (``python tools/gpu_check.py --help``).
 """
+from mmplugin.cli.common import run_tool
 from mmplugin.cli.gpu_check import main
-from mmplugin.utils.cli import run_tool
 
 if __name__ == '__main__':
     run_tool(main)

@@ -2,8 +2,8 @@
 
 The command line lives in :mod:`mmplugin.cli.make_demo_data` (``python tools/make_demo_data.py --help``).
 """
+from mmplugin.cli.common import run_tool
 from mmplugin.cli.make_demo_data import main
-from mmplugin.utils.cli import run_tool
 
 if __name__ == '__main__':
     run_tool(main)

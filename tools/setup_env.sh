@@ -134,10 +134,10 @@ if ! PYTHONWARNINGS=ignore "${PIP[@]}" install -q --no-build-isolation -e "$ROOT
   die "installing mmdet / mmsegmentation / mmplugin failed (full log above)"
 fi
 # mmdeploy 1.3.1 without its pins (protobuf<=3.20.2, onnx==1.17 clash with onnxruntime; the export path
-# in mmplugin.deploy.mmdeploy needs none of them): tools/export_mmdeploy.py and its parity test
+# in mmplugin.export.mmdeploy needs none of them): tools/export_mmdeploy.py and its parity test
 "${PIP[@]}" install -q --no-deps 'mmdeploy==1.3.1' || \
   say "warning: installing mmdeploy 1.3.1 (--no-deps) failed: tools/export_mmdeploy.py and its test are unavailable"
-# ExecuTorch + XNNPACK (the edge extra's runtime; tests/test_edge_export.py), with the installed torch held fixed
+# ExecuTorch + XNNPACK (the edge extra's runtime; tests/export/test_edge_export.py), with the installed torch held fixed
 echo "torch==$TORCH_VERSION" > "$VENV/.torch-constraint.txt"
 "${PIP[@]}" install -q -c "$VENV/.torch-constraint.txt" 'executorch==1.5.1' 'torchao==0.18.0' || \
   say "warning: installing executorch 1.5.1 failed: the ExecuTorch export and its tests are unavailable (skipped)"

@@ -2,8 +2,8 @@
 
 The command line lives in :mod:`mmplugin.cli.table3` (``python tools/table3.py --help``).
 """
+from mmplugin.cli.common import run_tool
 from mmplugin.cli.table3 import main
-from mmplugin.utils.cli import run_tool
 
 if __name__ == '__main__':
     run_tool(main)

@@ -2,8 +2,8 @@
 
 The command line lives in :mod:`mmplugin.cli.test` (``python tools/test.py --help``).
 """
+from mmplugin.cli.common import run_tool
 from mmplugin.cli.test import main
-from mmplugin.utils.cli import run_tool
 
 if __name__ == '__main__':
     run_tool(main)

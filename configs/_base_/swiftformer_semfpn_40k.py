@@ -1,5 +1,6 @@
 # SwiftFormer + Semantic FPN, ADE20K, 512x512 crops, 40k iterations (SwiftFormer paper §4.5: batch 32, AdamW lr 2e-4,
-# poly schedule). Unstated values follow EfficientFormer segmentation/configs/sem_fpn/fpn_efficientformer_l1_ade20k_40k.py
+# poly schedule). Unstated values follow EfficientFormer
+# segmentation/configs/sem_fpn/fpn_efficientformer_l1_ade20k_40k.py
 # @d01da42: weight decay 1e-4, poly power 0.9 to 0, no warm-up, no AMP; test images resized up to a multiple of 32
 # (EfficientFormer's AlignResize == mmseg's ResizeToMultiple).
 _base_ = [

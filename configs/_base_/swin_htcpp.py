@@ -8,7 +8,8 @@
 # * HTC (arXiv 1901.07518, §3.3 and the COCO results) includes a semantic segmentation branch trained with COCO-stuff
 #   maps; mmdet's strongest HTC config, htc_x101-64x4d-dconv-c3-c5_fpn_ms-400-1400-16xb1-20e_coco.py, is the one whose
 #   400-1400 multi-scale training HTC++ copies, and it keeps that branch (FusedSemanticHead, 183 classes).
-# * Whole-model counts (tests/test_htcpp.py, tools/get_flops.py --config): HTC without the semantic branch on Swin-L
+# * Whole-model counts (tests/models/necks/test_htcpp.py, tools/get_flops.py --config): HTC without the semantic branch
+# on Swin-L
 #   has 248.7M. A standard transformer block at the stage-4 width (12 C^2: 28.3M at C=1536, 12.6M at C=1024) leaves
 #   7.0M (L) / 7.2M (B) missing: the same amount for both widths, so it sits after the FPN (256 channels). The
 #   semantic branch (2.8M) plus 4conv1fc box heads in the three stages (+1.3M each over 2fc, as in the Swin authors'

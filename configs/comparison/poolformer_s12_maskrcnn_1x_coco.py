@@ -2,7 +2,8 @@
 # 1x, COCO, under the SwiftFormer recipe (_base_/swiftformer_maskrcnn_1x.py: 1333x800, AdamW 2e-4, weight decay
 # 1e-4, batch 32, 12 epochs). Paper: box AP 37.3, mask AP 34.6.
 _base_ = ['mmplugin::_base_/swiftformer_maskrcnn_1x.py']
-checkpoint = 'https://github.com/sail-sg/poolformer/releases/download/v1.0/poolformer_s12.pth.tar'  # official ImageNet-1K
+# official ImageNet-1K weights
+checkpoint = 'https://github.com/sail-sg/poolformer/releases/download/v1.0/poolformer_s12.pth.tar'
 model = dict(
     backbone=dict(_delete_=True, type='mmplugin.PoolFormer', arch='s12', drop_path_rate=0.0,
                   init_cfg=dict(type='Pretrained', checkpoint=checkpoint)),

@@ -1,4 +1,5 @@
-# Demo: SwiftFormer-XS Semantic FPN trained from scratch on the synthetic ADE20K-layout shapes (tools/make_demo_data.py):
+# Demo: SwiftFormer-XS Semantic FPN trained from scratch on the synthetic ADE20K-layout shapes
+# (tools/make_demo_data.py):
 # 160 px images, 128-channel FPN, class-weighted cross-entropy + Dice, 1000 iterations, mIoU on the validation split.
 _base_ = ['mmseg::_base_/models/fpn_r50.py', 'mmseg::_base_/default_runtime.py']
 custom_imports = dict(imports=['mmplugin'], allow_failed_imports=False)

@@ -1,5 +1,5 @@
 # mmdeploy 1.3.1 deploy config: two-stage instance segmentation (Mask R-CNN, Cascade Mask R-CNN) to onnxruntime,
-# dynamic batch / height / width. Use through tools/export_mmdeploy.py (applies mmplugin.deploy.mmdeploy).
+# dynamic batch / height / width. Use through tools/export_mmdeploy.py (applies mmplugin.export.mmdeploy).
 # Opset 16: RoiAlign with coordinate_transformation_mode='half_pixel' (mmcv's aligned=True); below 16 mmdeploy
 # emits the opset-10 RoiAlign, which onnxruntime clamps to >= 1 feature pixel per side, unlike mmcv.
 # Graph input: the image after the model's data preprocessor (normalised, RGB, float32, (B, 3, H, W)).
@@ -24,7 +24,7 @@ codebase_config = dict(
     type='mmdet',
     task='ObjectDetection',
     model_type='end2end',
-    # with mmplugin.deploy.mmdeploy's heads the model's test_cfg decides (rpn: nms_pre, nms, max_per_img,
+    # with mmplugin.export.mmdeploy's heads the model's test_cfg decides (rpn: nms_pre, nms, max_per_img,
     # min_bbox_size; rcnn: score_thr, nms, max_per_img, mask_thr_binary); these apply to mmdeploy's own heads only
     post_processing=dict(
         score_threshold=0.05,

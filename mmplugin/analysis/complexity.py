@@ -38,7 +38,7 @@ def flop_analyzer(model: nn.Module, x: torch.Tensor):
 def backbone_complexity(family: str, arch: str, size: tuple[int, int]) -> tuple[int, float]:
     """``(parameters, GMACs)`` of backbone ``family``/``arch`` on a ``(1, 3, *size)`` input (its output norms
     included, no classifier)."""
-    from ..models.backbones.base import get_family
+    from mmplugin.models.backbones.base import get_family
     model = get_family(family)(arch).eval()
     params = sum(p.numel() for p in model.parameters())
     with warnings.catch_warnings(), torch.no_grad():
@@ -82,9 +82,8 @@ def _whole_model_forward(model, width: int, height: int, num_rois: int):
 
         def forward(self, img):
             if getattr(model, 'with_rpn', False) and getattr(model, 'with_roi_head', False):
-                from mmengine.structures import InstanceData
-
                 from mmdet.structures import DetDataSample
+                from mmengine.structures import InstanceData
                 meta = dict(img_shape=(height, width), ori_shape=(height, width), pad_shape=(height, width),
                             batch_input_shape=(height, width), scale_factor=(1., 1.))
                 x = model.extract_feat(img)
@@ -118,8 +117,7 @@ def model_complexity(config: str, shape=(1280, 800), num_proposals: int = 1000, 
     from mmengine.model import revert_sync_batchnorm
 
     import mmplugin  # noqa: F401  (registers the plugin's models)
-
-    from ..apis import load_config
+    from mmplugin.apis import load_config
     cfg = load_config(config)
     if cfg.model.get('backbone', {}).get('init_cfg'):
         cfg.model.backbone.init_cfg = None

@@ -50,7 +50,7 @@ def linear_shapes(model: torch.nn.Module, x: torch.Tensor) -> collections.Counte
     """``{(M, K, N): calls}`` of the linears and dense 1x1 convolutions (``M`` = rows, or batch x pixels) in one
     forward of ``model`` on ``x``, with oneDNN's fused convolutions off so that every convolution is a
     ``F.conv2d`` call (same shapes, same work)."""
-    from ..models.layers.fusion import onednn_fusion_disabled
+    from mmplugin.models.layers.fusion import onednn_fusion_disabled
     mode = _GemmShapes()
     with torch.inference_mode(), onednn_fusion_disabled(), mode:
         model(x)
@@ -66,8 +66,8 @@ def gemm_floor(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype = tor
     ``repeats``); ``model_gflop`` the whole forward's work (:func:`mmplugin.analysis.complexity.flop_analyzer`,
     2 FLOP per MAC).
     """
-    from ..utils.timing import interleaved, matmul_peak_call
-    from .complexity import flop_analyzer
+    from mmplugin.analysis.complexity import flop_analyzer
+    from mmplugin.utils.timing import interleaved, matmul_peak_call
     model = model.to(dtype).eval()
     with torch.no_grad():
         model_flop = 2 * flop_analyzer(model, x.to(dtype)).total()
@@ -93,9 +93,9 @@ def _main(argv) -> None:
     import argparse
 
     import mmplugin  # noqa: F401  (registers the families)
-    from ..models.backbones.registry import FAMILIES, get_family
-    from ..utils.cpu import cpu_model
-    from .timing import parse_hw
+    from mmplugin.analysis.timing import parse_hw
+    from mmplugin.models.backbones.registry import FAMILIES, get_family
+    from mmplugin.utils.cpu import cpu_model
     p = argparse.ArgumentParser(prog='python -m mmplugin.analysis.gemm_floor', description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('backbone', nargs='?', default='swin:tiny', help='FAMILY:ARCH (default swin:tiny)')

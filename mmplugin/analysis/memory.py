@@ -60,7 +60,7 @@ def measure_peak_memory(family: str, arch: str, name: str, size: tuple[int, int]
     """In this process: one training step of benchmark model ``name``; its peak memory in MiB."""
     import resource
 
-    from .peers import benchmark_models
+    from mmplugin.analysis.peers import benchmark_models
     dev = torch.device(device)
     models = benchmark_models(family, arch, dev)
     model = models.pop(name)
@@ -97,6 +97,6 @@ def peak_memory(family: str, arch: str, name: str, size: tuple[int, int], with_c
 if __name__ == '__main__':
     _family, _arch, _name, _size, _cp, _device = sys.argv[1:7]
     import mmplugin  # noqa: F401  (registers the families)
-    from .timing import parse_hw
+    from mmplugin.analysis.timing import parse_hw
     print(json.dumps({'peak_mib': measure_peak_memory(_family, _arch, _name, parse_hw(_size), _cp == '1',
                                                       _device)}))

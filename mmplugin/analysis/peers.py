@@ -20,8 +20,8 @@ def swiftformer_peers(arch: str, model: nn.Module) -> dict[str, nn.Module]:
     ``switch_to_deploy()`` with the same weights, and mmdet's ResNet-50 / ResNet-18 (other networks)."""
     from mmdet.models.backbones import ResNet
 
-    from ..converters.swiftformer import convert_swiftformer
-    from ..reference.swiftformer import ReferenceSwiftFormer
+    from mmplugin.models.backbones.swiftformer.converter import convert_swiftformer
+    from mmplugin.reference.swiftformer import ReferenceSwiftFormer
     cls = type(model)
     s = cls.resolve_arch(arch)
     ref = ReferenceSwiftFormer(s['depths'], s['embed_dims'])
@@ -37,7 +37,7 @@ def swin_peers(arch: str, model: nn.Module) -> dict[str, nn.Module]:
     own)."""
     from mmdet.models.backbones import SwinTransformer as MMDetSwin
 
-    from ..converters.swin import plugin_to_mmdet_swin
+    from mmplugin.models.backbones.swin.converter import plugin_to_mmdet_swin
     theirs = MMDetSwin(embed_dims=model.embed_dims, depths=model.depths, num_heads=model.num_heads,
                        window_size=model.window_sizes[0], drop_path_rate=0.0)
     missing, unexpected = theirs.load_state_dict(plugin_to_mmdet_swin(model.state_dict()), strict=False)
@@ -67,7 +67,7 @@ def build_peers(family: str, arch: str, model: nn.Module) -> dict[str, nn.Module
 def benchmark_models(family: str, arch: str, device: torch.device | str = 'cpu') -> dict[str, nn.Module]:
     """The baseline peer, the plugin model (``'mmplugin'``) and the other peers, in this order, same weights, eval
     mode, on ``device``; just ``{'mmplugin': model}`` for a family without peers."""
-    from ..models.backbones.base import get_family
+    from mmplugin.models.backbones.base import get_family
     ours = get_family(family)(arch)
     peers = build_peers(family, arch, ours)
     if peers:

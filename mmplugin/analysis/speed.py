@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from ..utils.timing import interleaved, matmul_peak_call
+from mmplugin.utils.timing import interleaved, matmul_peak_call
 
 __all__ = ['cpu_description', 'backbone_rows', 'whole_model_rows']
 
@@ -19,7 +19,7 @@ __all__ = ['cpu_description', 'backbone_rows', 'whole_model_rows']
 def cpu_description() -> str:
     """The CPU model with family / model numbers and its vector extensions, e.g. ``'... (family 6, model 167;
     avx2, avx512f, avx512_bf16, amx_bf16)'``."""
-    from ..utils.cpu import cpu_flags, cpu_model
+    from mmplugin.utils.cpu import cpu_flags, cpu_model
     flags = cpu_flags()
     isa = ', '.join(f for f in ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16') if f in flags) or 'no AVX2'
     name = cpu_model()
@@ -39,10 +39,11 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
         ``ratio`` (speed over the first row), ``rel_err`` (max relative error against the plugin's eager fp32
         outputs; None for another network), ``model_gflop``, ``peak_gflops`` (the matmul's in that precision).
     """
-    from .. import deploy
-    from ..models.backbones.base import get_family
-    from .complexity import backbone_complexity
-    from .peers import build_peers
+    from mmplugin import export
+    from mmplugin.analysis.complexity import backbone_complexity
+    from mmplugin.analysis.peers import build_peers
+    from mmplugin.models.backbones.base import get_family
+    from mmplugin.utils.numerics import max_rel_error
     torch.manual_seed(0)
     ours = get_family(family)(arch).eval()
     peers = build_peers(family, arch, ours)
@@ -50,7 +51,7 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
         m.eval()  # mmdet's Swin.train() returns None: no chaining
     x = torch.randn(1, 3, *size)
     flops = 2e9 * backbone_complexity(family, arch, size)[1]
-    flatten_outputs = deploy.flatten_outputs
+    flatten_outputs = export.flatten_outputs
     with torch.no_grad():
         ref = flatten_outputs(ours(x))
     fns, outs = {}, {}
@@ -71,10 +72,10 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
     onnx_path = osp.join(workdir, f'{family}_{arch}.onnx')
     if {'onnxruntime', 'openvino'} & set(runtimes):
         t = time.perf_counter()
-        deploy.export_onnx(deploy.ExportPart(ours, 'backbone'), onnx_path, deploy.example_input(2, (224, 256)))
+        export.export_onnx(export.ExportPart(ours, 'backbone'), onnx_path, export.example_input(2, (224, 256)))
         print(f'  exported {family} {arch} to ONNX in {time.perf_counter() - t:.0f} s', flush=True)
     if 'onnxruntime' in runtimes:
-        sess = deploy.onnx_session(onnx_path)
+        sess = export.onnx_session(onnx_path)
 
         def ort_fn():
             outs[ort_fn] = tuple(torch.from_numpy(o) for o in sess.run(None, {'input': x.numpy()}))
@@ -103,7 +104,7 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
     for key, sec in times.items():
         name, runtime, precision = key
         try:  # peers computing the same function with the same weights get an error too
-            err = deploy.max_rel_error(outs[fns[key]], ref)
+            err = max_rel_error(outs[fns[key]], ref)
         except ValueError:  # another network (e.g. a ResNet peer): other shapes
             err = None
         same = err is not None  # another network (other outputs) has other FLOPs: no GFLOP/s for it
@@ -115,7 +116,7 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
 
 def whole_model_rows(config: str, size, rounds: int) -> list[dict]:
     """Whole-model eval time and the share spent in ``extract_feat`` (random weights, thresholds at 0)."""
-    from ..apis import build_model, load_config
+    from mmplugin.apis import build_model, load_config
     cfg = load_config(config)
     scope = cfg.get('default_scope', 'mmdet')
     if cfg.model.get('test_cfg', {}).get('rcnn') is not None:

@@ -35,14 +35,16 @@ ROWS = (
         37.3, 34.6, 37.2),
     Row('EfficientFormer-L1', _C + 'efficientformer_l1_maskrcnn_1x_coco.py',
         _C + 'efficientformer_l1_semfpn_40k_ade20k.py', 37.9, 35.4, 38.9),
-    Row('SwiftFormer-L1', 'configs/swiftformer_l1_maskrcnn.py', 'configs/swiftformer_l1_semfpn_ade20k.py',
+    Row('SwiftFormer-L1', 'configs/swiftformer/swiftformer_l1_maskrcnn_1x_coco.py',
+        'configs/swiftformer/swiftformer_l1_semfpn_40k_ade20k.py',
         41.2, 38.1, 41.4),
     Row('ResNet-50', _C + 'resnet50_maskrcnn_1x_coco.py', _C + 'resnet50_semfpn_40k_ade20k.py', 38.0, 34.4, 36.7),
     Row('PoolFormer-S24', _C + 'poolformer_s24_maskrcnn_1x_coco.py', _C + 'poolformer_s24_semfpn_40k_ade20k.py',
         40.1, 37.0, 40.3),
     Row('EfficientFormer-L3', _C + 'efficientformer_l3_maskrcnn_1x_coco.py',
         _C + 'efficientformer_l3_semfpn_40k_ade20k.py', 41.4, 38.1, 43.5),
-    Row('SwiftFormer-L3', 'configs/swiftformer_l3_maskrcnn.py', 'configs/swiftformer_l3_semfpn_ade20k.py',
+    Row('SwiftFormer-L3', 'configs/swiftformer/swiftformer_l3_maskrcnn_1x_coco.py',
+        'configs/swiftformer/swiftformer_l3_semfpn_40k_ade20k.py',
         42.7, 39.1, 43.9),
 )
 BASELINE = 'SwiftFormer-L1'
@@ -51,9 +53,10 @@ DET_SIZE, SEG_SIZE = (800, 1333), (512, 512)  # (H, W)
 
 def _build(config: str, root: str):
     """The config's model, random weights (no download), eval mode, SyncBN reverted."""
-    import mmplugin  # noqa: F401  (mmplugin:: bases)
     from mmengine.config import Config
     from mmengine.model import revert_sync_batchnorm
+
+    import mmplugin  # noqa: F401  (mmplugin:: bases)
     cfg = Config.fromfile(osp.join(root, config))
     cfg.model.backbone.init_cfg = None
     if 'semfpn' in config:
@@ -89,7 +92,7 @@ def _predict(model, size):
 
 
 def _macs(module, x) -> float:
-    from .complexity import flop_analyzer
+    from mmplugin.analysis.complexity import flop_analyzer
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter('ignore')
         return flop_analyzer(module, x).total() / 1e9
@@ -100,7 +103,7 @@ def measure(rows=ROWS, rounds: int = 3, root: str = '.', whole: bool = True) -> 
     (medians of ``rounds`` interleaved rounds; ``det_ms`` / ``seg_ms`` None with ``whole=False``), the ratios of
     each time to the baseline's (``*_x``: baseline time / time, so > 1 is faster than SwiftFormer-L1) and the
     paper's accuracy."""
-    from ..utils.timing import interleaved
+    from mmplugin.utils.timing import interleaved
     xd, xs = torch.randn(1, 3, *DET_SIZE), torch.randn(1, 3, *SEG_SIZE)
     out, fns = [], {}
     for r in rows:
@@ -140,8 +143,9 @@ def format_table(rows: list[dict]) -> str:
     """Markdown table of :func:`measure`'s rows."""
     def f(v, fmt):
         return '-' if v is None else format(v, fmt)
-    head = ('| backbone | params (M) | GMACs 1333x800 | GMACs 512x512 | backbone ms 1333x800 (x) | backbone ms 512x512 (x) '
-            '| Mask R-CNN ms (x) | Semantic FPN ms (x) | paper box AP / mask AP | paper mIoU |')
+    head = ('| backbone | params (M) | GMACs 1333x800 | GMACs 512x512 | backbone ms 1333x800 (x) '
+            '| backbone ms 512x512 (x) | Mask R-CNN ms (x) | Semantic FPN ms (x) | paper box AP / mask AP '
+            '| paper mIoU |')
     lines = [head, '|' + '---|' * 10]
     for r in rows:
         lines.append(

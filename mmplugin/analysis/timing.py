@@ -28,7 +28,7 @@ def time_models(models: dict[str, nn.Module], size: tuple[int, int], device: tor
                 batch: int = 1, dtype: torch.dtype | None = None) -> dict[str, float]:
     """Median seconds per eval forward of each model on a random ``(batch, 3, *size)`` input, rounds interleaved
     across the models (machine noise hits all alike); ``dtype`` times under autocast in that precision."""
-    from ..utils.timing import interleaved
+    from mmplugin.utils.timing import interleaved
     device = torch.device(device)
     x = torch.randn(batch, 3, *size, device=device)
     ctx = torch.autocast(device.type, dtype=dtype) if dtype else torch.autocast(device.type, enabled=False)

@@ -17,8 +17,6 @@ weights-only off:
 * every failure is a :class:`CheckpointError` that says what the file looks like (empty, text, HTML page, Git LFS
   pointer, truncated zip, pickle with forbidden globals, ...) and what to do. Nothing in a refused file is
   executed: the weights-only unpickler never calls a global that is not allow-listed;
-* it converts the backbone part of published whole-model checkpoints (official Swin repositories, mmdet / mmseg
-  zoos) to the layout of the plugin backbones in the model being loaded (:mod:`.mmengine_hooks`);
 * it makes mmengine's local file writes atomic (temporary file in the same folder, ``fsync``, ``os.replace``,
   mode from the umask), so a run killed during a save never leaves a truncated checkpoint behind; temporary
   files of a killed save are removed at the next save or resume (:func:`remove_stale_temporary_files`).
@@ -30,24 +28,36 @@ Modules, one concern each (every public name is re-exported here):
 * :mod:`.safe`: the allow-list and :func:`load_checkpoint_file`;
 * :mod:`.download`: :func:`download_checkpoint` into the torch hub cache;
 * :mod:`.atomic`: :func:`atomic_write_bytes`, locks, :func:`remove_stale_temporary_files`;
-* :mod:`.fit`: "does it fit" (:func:`state_dict_mismatch`, :func:`check_checkpoint_fits`, :func:`require_fit`);
+* :mod:`.fit`: does one state dict fit another (:func:`state_dict_mismatch`, :func:`require_fit`);
+* :mod:`.convert`: pure key operations the family converters share (unwrap containers, strip prefixes, plan a load);
 * :mod:`.mmengine_hooks`: :func:`install_safe_checkpoint_loading`.
+
+Everything here works on files and plain dicts and imports nothing of the package above it. Loading that knows the
+model (converting published whole-model layouts, "does this file fit this detector", the converting loader inside
+mmengine) is :mod:`mmplugin.loading`.
 """
 from __future__ import annotations
 
-from .atomic import _atomic_file, _locked, atomic_write_bytes, remove_stale_temporary_files
-from .download import download_checkpoint, is_url
-from .errors import CheckpointError, CheckpointNotFoundError, UnsafeCheckpointError
-from .fit import (check_checkpoint_fits, format_keys, is_optional_key, key_mismatch_is_structural, require_fit,
-                  shape_mismatches, state_dict_mismatch, strip_module_prefix)
-from .mmengine_hooks import install_safe_checkpoint_loading, load_from_mmplugin
-from .safe import load_checkpoint_file, safe_globals
-from .sniff import describe_file
+from mmplugin.checkpoint.atomic import atomic_write_bytes, remove_stale_temporary_files
+from mmplugin.checkpoint.download import download_checkpoint, is_url
+from mmplugin.checkpoint.errors import CheckpointError, CheckpointNotFoundError, UnsafeCheckpointError
+from mmplugin.checkpoint.fit import (
+    format_keys,
+    is_optional_key,
+    key_mismatch_is_structural,
+    require_fit,
+    shape_mismatches,
+    state_dict_mismatch,
+    strip_module_prefix,
+)
+from mmplugin.checkpoint.mmengine_hooks import install_safe_checkpoint_loading, load_from_mmplugin
+from mmplugin.checkpoint.safe import load_checkpoint_file, safe_globals
+from mmplugin.checkpoint.sniff import describe_file
 
 __all__ = [
     'CheckpointError', 'CheckpointNotFoundError', 'UnsafeCheckpointError', 'safe_globals', 'load_checkpoint_file',
     'describe_file', 'is_url', 'download_checkpoint', 'atomic_write_bytes', 'remove_stale_temporary_files',
     'is_optional_key', 'format_keys', 'strip_module_prefix', 'key_mismatch_is_structural', 'shape_mismatches',
-    'state_dict_mismatch', 'check_checkpoint_fits', 'require_fit', 'install_safe_checkpoint_loading',
+    'state_dict_mismatch', 'require_fit', 'install_safe_checkpoint_loading',
     'load_from_mmplugin'
 ]

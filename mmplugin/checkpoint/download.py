@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from .atomic import _atomic_file, _locked
-from .errors import CheckpointError, CheckpointNotFoundError
-from .sniff import describe_file
+from mmplugin.checkpoint.atomic import _atomic_file, _locked
+from mmplugin.checkpoint.errors import CheckpointError, CheckpointNotFoundError
+from mmplugin.checkpoint.sniff import describe_file
 
 __all__ = ['is_url', 'download_checkpoint']
 

@@ -1,10 +1,12 @@
 """The errors of checkpoint handling: one base class, so callers (the tools) catch every loading failure at once."""
 from __future__ import annotations
 
+from mmplugin.utils.errors import UserError
+
 __all__ = ['CheckpointError', 'CheckpointNotFoundError', 'UnsafeCheckpointError']
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint file is missing, unreadable or does not fit the model."""
 
 

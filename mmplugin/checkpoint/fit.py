@@ -1,9 +1,8 @@
-"""Does a checkpoint fit a model: the one rule, key by key and shape by shape, shared by the tools, the converters
-(:func:`mmplugin.converters.common.plan_load`) and the whole-model conversion.
+"""Does one state dict fit another: the one rule, key by key and shape by shape, shared by the converters
+(:func:`mmplugin.checkpoint.convert.plan_load`) and the whole-model fit check (:mod:`mmplugin.loading.fit`). Plain
+dicts only: nothing here knows a model class.
 
 * :func:`state_dict_mismatch`: the missing / unexpected / reshaped keys (BatchNorm counters optional);
-* :func:`check_checkpoint_fits`: a whole-model (mmengine layout) checkpoint against a detector or segmentor, as a
-  message (``None`` when it fits);
 * :func:`require_fit`: a converted backbone state dict against a backbone; raises a :class:`CheckpointError` that
   says whether another arch or an incomplete file is the likely cause.
 """
@@ -14,10 +13,10 @@ from typing import Any
 
 import torch
 
-from .errors import CheckpointError
+from mmplugin.checkpoint.errors import CheckpointError
 
 __all__ = ['is_optional_key', 'format_keys', 'strip_module_prefix', 'key_mismatch_is_structural', 'shape_mismatches',
-           'state_dict_mismatch', 'check_checkpoint_fits', 'require_fit']
+           'state_dict_mismatch', 'require_fit']
 
 
 def is_optional_key(key: str) -> bool:
@@ -83,7 +82,7 @@ def shape_mismatches(sd: Mapping[str, Any], model_sd: Mapping[str, torch.Tensor]
 def state_dict_mismatch(sd: Mapping[str, Any], model_sd: Mapping[str, torch.Tensor], *,
                         optional_prefixes: Iterable[str] = ()) -> tuple[list[str], list[str], list[str]]:
     """What keeps ``sd`` from loading strictly into a module whose ``state_dict()`` is ``model_sd``: the rule of
-    "does it fit", shared by :func:`check_checkpoint_fits`, :func:`require_fit` and the whole-model converter.
+    "does it fit", shared by :func:`require_fit` and the whole-model fit check (:mod:`mmplugin.loading.fit`).
 
     Args:
         sd: the checkpoint's state dict (keys as the module names them).
@@ -140,63 +139,3 @@ def require_fit(model_sd: Mapping[str, torch.Tensor], sd: Mapping[str, Any], *, 
     raise CheckpointError('the checkpoint does not fit the model: ' + '; '.join(parts) + '. The blocks and shapes '
                           'agree, so it is incomplete or from another version of the code, not another '
                           f'arch{hint}; nothing was loaded.')
-
-
-def check_checkpoint_fits(model: torch.nn.Module, ckpt: Any, *, source: str = 'the checkpoint',
-                          model_name: str = 'the model') -> str | None:
-    """Compare a whole-model checkpoint (mmengine layout) with ``model`` key by key and shape by shape.
-
-    mmengine's ``load_checkpoint`` is not strict: a backbone-only or another model's checkpoint "loads" with a
-    warning and leaves a randomly initialised detector. The tools call this first.
-
-    The backbone part of a published whole-model checkpoint (official Swin detection / segmentation repositories,
-    mmdet / mmseg model zoos) is converted to the model's layout first
-    (:func:`mmplugin.converters.whole_model.convert_model_state_dict`), exactly as loading will do; everything
-    else is compared as it is.
-
-    Args:
-        model: the model built from the config (a wrapper or TTA model is unwrapped).
-        ckpt: the loaded checkpoint (``{'state_dict': ...}`` or a plain state dict).
-        source, model_name: how the messages name the two.
-
-    Returns:
-        ``None`` when every key fits, else a message naming the first missing / unexpected / mismatched keys and
-        what the checkpoint looks like.
-    """
-    while hasattr(model, 'module') and isinstance(model.module, torch.nn.Module):
-        model = model.module
-    sd = ckpt.get('state_dict', ckpt) if isinstance(ckpt, Mapping) else None
-    if not isinstance(sd, Mapping):
-        return f'{source} holds no state dict (got {type(ckpt).__name__})'
-    sd = strip_module_prefix(sd)
-    from ..converters.whole_model import convert_model_state_dict  # the converters import this module
-    conversion = convert_model_state_dict(model, sd)  # published layouts of plugin backbones -> the model's
-    sd = conversion.state_dict
-    model_sd = model.state_dict()
-    missing, unexpected, shapes = state_dict_mismatch(sd, model_sd)
-    if not (missing or unexpected or shapes):
-        return None
-    parts = []
-    if missing:
-        parts.append(f'{len(missing)} of the model\'s {len(model_sd)} keys are missing '
-                     f'(first: {format_keys(missing)})')
-    if unexpected:
-        parts.append(f'{len(unexpected)} keys are unexpected (first: {format_keys(unexpected)})')
-    if shapes:
-        parts.append(f'{len(shapes)} shapes differ (checkpoint vs model: {format_keys(shapes, 3)})')
-    hint = ''
-    if sd and all(f'backbone.{k}' in model_sd for k in sd):
-        hint = (' It holds backbone weights only: use it for training as '
-                "model.backbone.init_cfg=dict(type='Pretrained', checkpoint=...), not for evaluation.")
-    elif not any(k in model_sd for k in sd):
-        from ..converters.whole_model import backbone_file_layout
-        layout = backbone_file_layout(model, ckpt)
-        hint = (f' It holds backbone weights only ({layout} layout): use it for training as '
-                "model.backbone.init_cfg=dict(type='Pretrained', checkpoint=...), not for evaluation." if layout
-                else ' No key matches: it is for another model or config.')
-    done = conversion.describe()
-    if done:
-        hint += f' (Compared after this conversion: {done}.)'
-    for problem in conversion.problems():
-        hint += f' Note: {problem}.'
-    return f'{source} does not fit {model_name}: ' + '; '.join(parts) + '.' + hint

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from .download import download_checkpoint, is_url
-from .errors import CheckpointError, CheckpointNotFoundError, UnsafeCheckpointError
-from .sniff import _REDOWNLOAD, describe_file
+from mmplugin.checkpoint.download import download_checkpoint, is_url
+from mmplugin.checkpoint.errors import CheckpointError, CheckpointNotFoundError, UnsafeCheckpointError
+from mmplugin.checkpoint.sniff import _REDOWNLOAD, describe_file
 
 __all__ = ['safe_globals', 'load_checkpoint_file']
 

@@ -24,9 +24,8 @@ import sys
 
 import torch
 
-from ..analysis import (benchmark_models, load_warning, parse_hw, peak_memory, supports_checkpointing,
-                        time_models)
-from ..utils.cli import run_tool, tool_main
+from mmplugin.analysis import benchmark_models, load_warning, parse_hw, peak_memory, supports_checkpointing, time_models
+from mmplugin.cli.common import run_tool, tool_main
 
 
 def parse_size(s: str) -> tuple[int, int]:
@@ -40,8 +39,7 @@ def parse_size(s: str) -> tuple[int, int]:
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     import mmplugin  # noqa: F401  (registers the families)
-
-    from ..models.backbones.base import FAMILIES
+    from mmplugin.models.backbones.base import FAMILIES
     parser.add_argument('family', choices=list(FAMILIES))
     parser.add_argument('--arch', default=None, help="backbone arch (default: the family's first arch)")
     parser.add_argument('--sizes', nargs='+', type=parse_size, default=[(800, 1216)], help='HxW input sizes')
@@ -65,7 +63,7 @@ def main(argv=None):
     torch.manual_seed(0)
     models = benchmark_models(args.family, arch, device)
     if args.compile:
-        from ..deploy import compile_module
+        from mmplugin.inference.fast import compile_module
         for name in list(models):
             if name.startswith('mmplugin'):
                 twin = benchmark_models(args.family, arch, device)[name]

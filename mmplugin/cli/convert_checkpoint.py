@@ -24,16 +24,16 @@ import io
 import os.path as osp
 import sys
 
-from ..utils.cli import run_tool, tool_main
+from mmplugin.cli.common import run_tool, tool_main
 
 
 def convert(src: str, dst: str, family: str | None = None, window_size=None, out_indices=(0, 1, 2, 3)) -> dict:
     """Read ``src`` (weights-only), convert it with its family's converter, write ``dst`` atomically."""
     import torch
 
-    from ..checkpoint import atomic_write_bytes, load_checkpoint_file
-    from ..converters import unwrap_state_dict
-    from ..models.backbones.base import detect_family, get_family
+    from mmplugin.checkpoint import atomic_write_bytes, load_checkpoint_file
+    from mmplugin.checkpoint.convert import unwrap_state_dict
+    from mmplugin.models.backbones.base import detect_family, get_family
     sd = unwrap_state_dict(load_checkpoint_file(src))
     cls = get_family(family) if family else detect_family(sd)
     options = {}
@@ -56,9 +56,9 @@ def convert_for_config(src: str, dst: str, config: str, cfg_options: dict | None
     atomically; raises CheckpointError when it does not fit."""
     import torch
 
-    from ..apis import build_model
-    from ..checkpoint import atomic_write_bytes, load_checkpoint_file
-    from ..converters.whole_model import strict_model_state_dict
+    from mmplugin.apis import build_model
+    from mmplugin.checkpoint import atomic_write_bytes, load_checkpoint_file
+    from mmplugin.loading.fit import strict_model_state_dict
     ckpt = load_checkpoint_file(src)
     model = build_model(config, cfg_options=cfg_options)  # random weights: they come from SRC
     out, conversion = strict_model_state_dict(model, ckpt, source=src, model_name=config)
@@ -79,17 +79,17 @@ def main(argv=None) -> int:
     p.add_argument('src')
     p.add_argument('dst')
     import mmplugin  # noqa: F401  (registers the families)
-    from ..models.backbones.base import FAMILIES
+    from mmplugin.models.backbones.base import FAMILIES
     p.add_argument('--family', choices=list(FAMILIES), default=None, help='default: detect from the keys')
     p.add_argument('--window-size', type=int, default=None,
                    help='families with window attention: resize / regenerate position tables for this window')
     p.add_argument('--out-indices', type=int, nargs='+', default=None, help='default: 0 1 2 3')
     p.add_argument('--config', default=None,
                    help="whole-model checkpoint: convert it to this config's detector / segmentor (strict fit)")
-    from ..utils.cli import CfgOptionsAction
+    from mmplugin.cli.common import CfgOptionsAction
     p.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction, help='with --config: override config entries')
     args = p.parse_args(argv)
-    from ..checkpoint import CheckpointError
+    from mmplugin.checkpoint import CheckpointError
     if args.config is None and args.cfg_options:
         p.error('--cfg-options needs --config')
     if args.config is not None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 
-from ..utils.cli import run_tool, tool_main
+from mmplugin.cli.common import run_tool, tool_main
 
 
 def _meta(cfg):
@@ -26,7 +26,7 @@ def _meta(cfg):
 
 def _load_cfg(args):
     """The demo config with ``--cfg-options`` applied and no pretrained download; its classes and palette."""
-    from ..apis import load_config
+    from mmplugin.apis import load_config
     cfg = load_config(args.config, args.cfg_options)
     cfg.model.get('backbone', {}).pop('init_cfg', None)
     return (cfg, *_meta(cfg))
@@ -34,18 +34,24 @@ def _load_cfg(args):
 
 def det_pictures(args) -> int:
     import numpy as np
+    from mmdet.apis import inference_detector, init_detector
     from pycocotools import mask as mask_util
     from pycocotools.coco import COCO
 
-    from mmdet.apis import inference_detector, init_detector
-    from ..demo import report
+    from mmplugin.apis import load_checkpoint_checked
+    from mmplugin.demo import report
     cfg, classes, palette = _load_cfg(args)
     ds = cfg.test_dataloader.dataset
     root = ds.get('data_root', '')
     coco = COCO(osp.join(root, ds.ann_file))
     cat_ids = coco.getCatIds(catNms=classes)
     label_of = {c: classes.index(coco.cats[c]['name']) for c in cat_ids}
-    model = init_detector(cfg, args.checkpoint, device='cpu')
+    import warnings
+    with warnings.catch_warnings():  # mmdet warns that it names COCO's classes without a checkpoint: set below
+        warnings.filterwarnings('ignore', message='checkpoint is None')
+        model = init_detector(cfg, None, device='cpu')
+    load_checkpoint_checked(model, args.checkpoint, model_name=args.config)  # CheckpointError when it does not fit
+    model.dataset_meta = dict(classes=classes, palette=palette)
     rows, kept = [], []
     for img_id in sorted(coco.getImgIds())[:args.num]:
         info = coco.imgs[img_id]
@@ -74,14 +80,14 @@ def seg_pictures(args) -> int:
     import glob
 
     import mmcv
-    from mmengine.runner import load_checkpoint
-
-    from ..demo import report
     from mmseg.apis import inference_model, init_model
+
+    from mmplugin.apis import load_checkpoint_checked
+    from mmplugin.demo import report
     cfg, classes, palette = _load_cfg(args)
     ds = cfg.test_dataloader.dataset
     model = init_model(cfg, None, device='cpu')
-    load_checkpoint(model, args.checkpoint, map_location='cpu', logger='silent')
+    load_checkpoint_checked(model, args.checkpoint, model_name=args.config)  # CheckpointError when it does not fit
     model.dataset_meta = dict(classes=classes, palette=palette)
     img_dir = osp.join(ds.data_root, ds.data_prefix['img_path'])
     seg_dir = osp.join(ds.data_root, ds.data_prefix['seg_map_path'])
@@ -98,7 +104,7 @@ def seg_pictures(args) -> int:
 
 
 def curves(args) -> int:
-    from ..demo import report
+    from mmplugin.demo import report
     runs = {}
     for item in args.run:
         title, _, work_dir = item.partition('=')
@@ -109,7 +115,7 @@ def curves(args) -> int:
 
 
 def summary(args) -> int:
-    from ..demo import report
+    from mmplugin.demo import report
     rows = []
     if args.det_test:
         m = report.latest_metrics(args.det_test)
@@ -140,7 +146,7 @@ def glob_logs(work_dir):
 
 @tool_main
 def main(argv=None) -> int:
-    from ..utils.cli import CfgOptionsAction
+    from mmplugin.cli.common import CfgOptionsAction
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest='cmd', required=True)
     for name in ('det-pictures', 'seg-pictures'):

@@ -7,18 +7,19 @@
     python tools/edge_table.py --breakdown --models swiftformer_l1_semfpn   # where eager's time goes, per part
 
 Prints a markdown table (ms, speed-up over eager fp32, max relative error or task metric, file size, CPU);
-see :mod:`mmplugin.deploy.bench` and docs/deploy_edge.md. A runtime that is not installed is skipped with a note.
+see :mod:`mmplugin.analysis.bench` and docs/deploy_edge.md. A runtime that is not installed is skipped with a note.
 """
 from __future__ import annotations
 
 import argparse
 import tempfile
 
-from ..utils.cli import add_retain_memory_option, apply_retain_memory_option, run_tool, tool_main
+from mmplugin.cli.common import add_retain_memory_option, apply_retain_memory_option, run_tool, tool_main
+
 
 @tool_main
 def main(argv=None) -> int:
-    from ..deploy import bench
+    from mmplugin.analysis import bench
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--models', nargs='+', choices=bench.MODELS, default=None,
                    help='default: every model (with --breakdown: the segmentors)')
@@ -31,7 +32,7 @@ def main(argv=None) -> int:
     p.add_argument('--out', default=None, help='also write the table to this markdown file')
     p.add_argument('--breakdown', action='store_true',
                    help='instead: eager fp32 time, MACs and share of the matmul peak of each part of the segmentors '
-                        '(backbone, neck, head, final resize); see mmplugin.deploy.breakdown')
+                        '(backbone, neck, head, final resize); see mmplugin.analysis.breakdown')
     add_retain_memory_option(p)
     args = p.parse_args(argv)
     apply_retain_memory_option(p, args)
@@ -62,8 +63,8 @@ def main(argv=None) -> int:
 
 
 def _breakdown(p: argparse.ArgumentParser, args) -> int:
-    from ..deploy import bench
-    from ..deploy.breakdown import breakdown_table, segmentor_breakdown
+    from mmplugin.analysis import bench
+    from mmplugin.analysis.breakdown import breakdown_table, segmentor_breakdown
     if args.rows or any(m not in bench.SEGMENTORS for m in args.models):
         p.error(f'--breakdown takes segmentors only ({", ".join(bench.SEGMENTORS)}) and no --rows')
     text = '\n\n'.join(breakdown_table(m, segmentor_breakdown(m, args.size, args.rounds, args.threads), args.size,

@@ -23,7 +23,7 @@ import os.path as osp
 import sys
 import time
 
-from ..utils.cli import require_files, run_tool, tool_main
+from mmplugin.cli.common import require_files, run_tool, tool_main
 
 
 def _shape(s: str) -> tuple[int, ...]:
@@ -37,10 +37,9 @@ def _shape(s: str) -> tuple[int, ...]:
 
 
 def parse_args(argv=None):
-    from ..utils.cli import CfgOptionsAction
-
-    from ..deploy import DEFAULT_OPSET, PARTS
-    from ..deploy.backends import BACKENDS
+    from mmplugin.cli.common import CfgOptionsAction
+    from mmplugin.export import DEFAULT_OPSET, PARTS
+    from mmplugin.export.backends import BACKENDS
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config')
     p.add_argument('checkpoint', nargs='?', default=None, help='trained weights (loaded weights-only)')
@@ -75,8 +74,8 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     require_files(('config', args.config), ('checkpoint', args.checkpoint))
-    from ..apis import build_model
-    from ..deploy import ExportPart, example_input, export_onnx, onnx_parity
+    from mmplugin.apis import build_model
+    from mmplugin.export import ExportPart, example_input, export_onnx, onnx_parity
     model = build_model(args.config, args.checkpoint, part=args.part, cfg_options=args.cfg_options,
                         announce_random=True)
     try:
@@ -85,7 +84,7 @@ def main(argv=None) -> int:
         print(f'error: {err}', file=sys.stderr)
         return 2
     if args.backend != 'onnx':
-        from ..deploy.backends import export_main
+        from mmplugin.export.backends import export_main
         return export_main(part, args.backend, args.out, args.example, args.verify, args.tol,
                            **({'precision': args.precision} if args.precision else {}))
     b, h, w = args.example

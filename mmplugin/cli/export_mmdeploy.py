@@ -7,7 +7,7 @@
 
 mmdeploy is installed by ``tools/setup_env.sh`` as ``pip install --no-deps mmdeploy==1.3.1``: its own pins
 (``protobuf<=3.20.2``, hence ``onnx==1.17``) clash with onnxruntime >= 1.2x, and the export path needs none of its
-other dependencies. The torch >= 2.9 fixes and the mmdet-faithful heads come from :mod:`mmplugin.mmdeploy_compat`.
+other dependencies. The torch >= 2.9 fixes and the mmdet-faithful heads come from :mod:`mmplugin.export.mmdeploy`.
 
 The graph's input ``input`` is the image after the model's data preprocessor (normalised, RGB, float32,
 ``(B, 3, H, W)``); outputs ``dets (B, K, 5)``, ``labels (B, K)``, ``masks (B, K, 28, 28)`` (probabilities of each
@@ -24,8 +24,8 @@ import os.path as osp
 import sys
 import time
 
-from ..config_scope import config_root
-from ..utils.cli import require_files, run_tool, tool_main
+from mmplugin.cli.common import require_files, run_tool, tool_main
+from mmplugin.config_scope import config_root
 
 
 def _size(s: str) -> tuple[int, int]:
@@ -39,7 +39,7 @@ def _size(s: str) -> tuple[int, int]:
 
 
 def parse_args(argv=None):
-    from ..utils.cli import CfgOptionsAction
+    from mmplugin.cli.common import CfgOptionsAction
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config')
     p.add_argument('checkpoint', nargs='?', default=None, help='trained weights (loaded weights-only)')
@@ -51,7 +51,8 @@ def parse_args(argv=None):
                    help='HxW sizes of random inputs compared with mmdet (none: skip)')
     p.add_argument('--image', default=None, help='also compare on this image (config test pipeline)')
     p.add_argument('--mmdeploy-heads', action='store_true',
-                   help="keep mmdeploy's own RPN / R-CNN post-processing (differs from mmdet's, see mmdeploy_compat)")
+                   help="keep mmdeploy's own RPN / R-CNN post-processing (differs from mmdet's, see "
+                        'mmplugin.export.mmdeploy)')
     p.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction)
     return p.parse_args(argv)
 
@@ -70,9 +71,9 @@ def main(argv=None) -> int:
     import torch
     from mmengine.config import Config
 
-    from ..apis import build_model, load_config
-    from ..deploy import onnx_session
-    from ..mmdeploy_compat import end2end_parity, export_end2end
+    from mmplugin.apis import build_model, load_config
+    from mmplugin.export import onnx_session
+    from mmplugin.export.mmdeploy import end2end_parity, export_end2end
 
     cfg = load_config(args.config, args.cfg_options)
     if not hasattr(cfg.model, 'roi_head'):

@@ -1,7 +1,7 @@
 """Per-rank parameter memory of a detector config sharded with FSDP (gloo on CPU, NCCL on GPU), and optionally one
 training step on a synthetic image.
 
-    torchrun --nproc-per-node 2 tools/fsdp_memory.py configs/swin_l_htcpp_nosemantic_6x.py [--step-size 256]
+    torchrun --nproc-per-node 2 tools/fsdp_memory.py configs/swin/swin_l_htcpp_nosemantic_6x_coco.py [--step-size 256]
         [--min-num-params 0] [--cfg-options key=value ...]
 
 Every rank prints one line ``fsdp-memory {json}``. docs/distributed.md has the figures.
@@ -12,12 +12,12 @@ import argparse
 import datetime
 import json
 
-from ..utils.cli import run_tool, tool_main
+from mmplugin.cli.common import run_tool, tool_main
 
 
 @tool_main
 def main(argv=None) -> int:
-    from ..utils.cli import CfgOptionsAction
+    from mmplugin.cli.common import CfgOptionsAction
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config')
     p.add_argument('--step-size', type=int, default=None, help='also run one training step on an NxN image')
@@ -28,9 +28,9 @@ def main(argv=None) -> int:
     import torch.distributed as dist
 
     import mmplugin  # noqa: F401
-    from ..utils.ddp import DEFAULT_DIST_TIMEOUT_S
-    from ..utils.fsdp import fsdp_memory_report
-    from ..apis import load_config
+    from mmplugin.apis import load_config
+    from mmplugin.engine.ddp import DEFAULT_DIST_TIMEOUT_S
+    from mmplugin.engine.fsdp import fsdp_memory_report
     cfg = load_config(args.config, args.cfg_options)  # a missing file: one error line (tool_main)
     dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo',
                             timeout=datetime.timedelta(seconds=DEFAULT_DIST_TIMEOUT_S))

@@ -2,7 +2,7 @@
 models built from configs.
 
     python tools/get_flops.py [--family NAME|all] [--sizes 224 800x1333]
-    python tools/get_flops.py --config configs/swin_l_htcpp_6x.py [...] [--shape 1280 800] [--proposals 1000]
+    python tools/get_flops.py --config configs/swin/swin_l_htcpp_6x_coco.py [...] [--shape 1280 800] [--proposals 1000]
 
 Progress goes to stderr, one line per model with its elapsed time (every arch is traced at every size). Counts
 multiply-accumulates (:mod:`mmplugin.analysis.complexity`) with mmengine's jit-trace FlopAnalyzer (one MAC per fused
@@ -17,8 +17,8 @@ import os.path as osp
 import sys
 import time
 
-from ..analysis import backbone_complexity, model_complexity, parse_hw
-from ..utils.cli import run_tool, tool_main
+from mmplugin.analysis import backbone_complexity, model_complexity, parse_hw
+from mmplugin.cli.common import run_tool, tool_main
 
 
 def parse_size(text: str, parser: argparse.ArgumentParser) -> tuple[int, int]:
@@ -52,8 +52,7 @@ def _progress(i: int, n: int, name: str, start: float) -> None:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     import mmplugin  # noqa: F401  (registers the families)
-
-    from ..models.backbones.base import FAMILIES
+    from mmplugin.models.backbones.base import FAMILIES
     p.add_argument('--family', choices=[*FAMILIES, 'all'], default='all')
     p.add_argument('--arch', nargs='+', default=None, help='only these archs of the family (default: all)')
     p.add_argument('--sizes', nargs='+', default=['224x224', '800x1333'])

@@ -31,19 +31,19 @@ import os.path as osp
 import statistics
 import time
 
-from ..config_scope import config_root
-from ..utils.cli import run_tool, tool_main
+from mmplugin.cli.common import run_tool, tool_main
+from mmplugin.config_scope import config_root
 
 ROOT = str(config_root().parent)  # holds configs/
 
 MODELS = {  # name -> (config, backbone override or None)
-    'mmplugin-swin-t': ('configs/swin_t_maskrcnn_1x.py', None),
-    'mmdet-swin-t': ('configs/swin_t_maskrcnn_1x.py',
+    'mmplugin-swin-t': ('configs/swin/swin_t_maskrcnn_1x_coco.py', None),
+    'mmdet-swin-t': ('configs/swin/swin_t_maskrcnn_1x_coco.py',
                      dict(_delete_=True, type='mmdet.SwinTransformer', embed_dims=96, depths=[2, 2, 6, 2],
                           num_heads=[3, 6, 12, 24], window_size=7, mlp_ratio=4, qkv_bias=True, drop_path_rate=0.1,
                           patch_norm=True, out_indices=(0, 1, 2, 3), with_cp=False, convert_weights=False)),
-    'mmplugin-swiftformer-l1': ('configs/swiftformer_l1_maskrcnn.py', None),
-    'mmplugin-swinv2-t-cascade': ('configs/swinv2_t_cascade_maskrcnn_3x.py', None),
+    'mmplugin-swiftformer-l1': ('configs/swiftformer/swiftformer_l1_maskrcnn_1x_coco.py', None),
+    'mmplugin-swinv2-t-cascade': ('configs/swinv2/swinv2_t_cascade_maskrcnn_3x_coco.py', None),
 }
 
 
@@ -59,9 +59,9 @@ def _outcome(fn, *args, **kwargs) -> str:
 def _full_v2_tiny(device, sizes) -> None:
     import torch
 
-    from ..models import SwinTransformerV2
-    from ..testing.numeric import REDUCED_VS_FP32
-    from ..utils.numerics import rel_error
+    from mmplugin.models import SwinTransformerV2
+    from mmplugin.testing.numeric import REDUCED_VS_FP32
+    from mmplugin.utils.numerics import rel_error
     model = SwinTransformerV2('tiny', drop_path_rate=0.0).to(device).eval()
     for size in sizes:
         x = torch.randn(1, 3, *size, device=device)
@@ -79,12 +79,13 @@ def _full_v2_tiny(device, sizes) -> None:
 
 
 def precision_report(device, quick: bool = False) -> dict:
-    from ..models.backbones.base import FAMILIES
-    from ..testing.conformance import check_reduced_precision
+    from mmplugin.models.backbones.base import FAMILIES
+    from mmplugin.testing.conformance import check_reduced_precision
     out = {}
     for name, cls in FAMILIES.items():
         out[name] = _outcome(check_reduced_precision, cls, cls.smallest_arch(), device=str(device),
-                             sizes=[(37, 53)] if quick else [(64, 64), (37, 53)], scales=(1e3, ) if quick else (1.0, 1e3))
+                             sizes=[(37, 53)] if quick else [(64, 64), (37, 53)],
+                             scales=(1e3, ) if quick else (1.0, 1e3))
     out['swinv2-tiny-full'] = ('skipped (--cpu-smoke)' if quick else
                                _outcome(_full_v2_tiny, device, [(224, 224), (100, 140)]))
     return out
@@ -94,8 +95,8 @@ def deterministic_backward(device) -> str:
     """Two forward + backward passes of a small Swin V2 under deterministic algorithms: bit-identical gradients?"""
     import torch
 
-    from ..models import SwinTransformerV2
-    from ..testing.numeric import randomize_
+    from mmplugin.models import SwinTransformerV2
+    from mmplugin.testing.numeric import randomize_
     model = randomize_(SwinTransformerV2(dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8]),
                                          drop_path_rate=0.0), seed=1).to(device).train()
     x = torch.randn(2, 3, 100, 140, device=device)
@@ -141,9 +142,9 @@ def sdpa_report(device) -> dict:
 
 
 def build_detector(name: str, device):
+    from mmdet.registry import MODELS as DET_MODELS
     from mmengine.config import Config
     from mmengine.registry import init_default_scope
-    from mmdet.registry import MODELS as DET_MODELS
     cfg_path, backbone = MODELS[name]
     cfg = Config.fromfile(osp.join(ROOT, cfg_path))
     if backbone is not None:
@@ -210,9 +211,10 @@ def main(argv=None) -> int:
         return 0
     else:
         device, steps, names = torch.device('cuda'), args.steps, list(MODELS)
-        from ..deploy import native_dtypes  # one place decides what the hardware runs natively
+        from mmplugin.inference.fast import native_dtypes  # one place decides what the hardware runs natively
         native = native_dtypes(device)
-        precisions = args.precisions or [n for n, d in (('fp16', torch.float16), ('bf16', torch.bfloat16)) if d in native]
+        precisions = args.precisions or [n for n, d in (('fp16', torch.float16), ('bf16', torch.bfloat16))
+                                         if d in native]
         size = tuple(int(v) for v in args.size.lower().split('x'))
         print(f'gpu_check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, '
               f'batch {args.batch} x {size[0]}x{size[1]}, {steps} steps')
@@ -233,7 +235,8 @@ def main(argv=None) -> int:
                 r = train_steps(name, prec, size, args.batch, steps, device)
             except Exception as err:  # noqa: BLE001  (report every model even if one fails)
                 import traceback
-                where = ' <- '.join(f'{osp.basename(f.filename)}:{f.lineno}' for f in traceback.extract_tb(err.__traceback__)[-3:][::-1])
+                frames = traceback.extract_tb(err.__traceback__)[-3:][::-1]
+                where = ' <- '.join(f'{osp.basename(f.filename)}:{f.lineno}' for f in frames)
                 r = dict(finite=False, error=f'{type(err).__name__}: {str(err)[:300]} at {where}')
             report['train'][f'{name}/{prec}'] = r
             ok &= r['finite']

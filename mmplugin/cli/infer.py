@@ -21,18 +21,19 @@ import os
 import os.path as osp
 import sys
 
-from ..utils.cli import add_inference_options, require_files, run_tool, tool_main
+from mmplugin.cli.common import add_inference_options, require_files, run_tool, tool_main
 
 
-def _fits(cfg, ckpt, args) -> bool:
+def _load_checked(model, ckpt, args) -> bool:
     """Strict loading: refuse a checkpoint that does not fit the config's model unless --allow-partial.
 
-    Checked on a separately built model (:func:`mmplugin.apis.build_model`), before mmdet's / mmseg's init
-    functions load the file (they fail with a bare ``KeyError`` or evaluate random weights behind a warning on a
-    checkpoint that does not fit).
+    The file read once by :func:`~mmplugin.checkpoint.load_checkpoint_file` is checked and loaded into the model
+    mmdet's / mmseg's init function built without weights (:func:`mmplugin.apis.load_checkpoint_checked`: published
+    layouts converted), so a file that does not fit never ends as a bare ``KeyError`` or as random weights behind a
+    warning.
     """
-    from ..apis import build_model, checkpoint_fit
-    problem = checkpoint_fit(build_model(cfg), ckpt, source=args.checkpoint, model_name=args.config)
+    from mmplugin.apis import load_checkpoint_checked
+    problem = load_checkpoint_checked(model, ckpt, strict=False, source=args.checkpoint, model_name=args.config)
     if problem and not args.allow_partial:
         print(f'error: {problem}\nPass --allow-partial to run anyway.', file=sys.stderr)
         return False
@@ -42,7 +43,7 @@ def _fits(cfg, ckpt, args) -> bool:
 
 
 def _parse(argv):
-    from ..utils.cli import CfgOptionsAction
+    from mmplugin.cli.common import CfgOptionsAction
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config')
     p.add_argument('checkpoint')
@@ -71,9 +72,8 @@ def _parse(argv):
 def main(argv=None) -> int:
     args = _parse(argv)
     import mmplugin  # noqa: F401
-
-    from ..checkpoint import CheckpointError, load_checkpoint_file
-    from ..utils.predictions import InferenceWriter, PredictionOutputError, list_images
+    from mmplugin.checkpoint import CheckpointError, load_checkpoint_file
+    from mmplugin.cli.predictions import InferenceWriter, PredictionOutputError, list_images
     require_files(('config', args.config), ('checkpoint', args.checkpoint), urls=True)
     try:
         images = list_images(args.image)
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
     many = osp.isdir(args.image)
     out = None if args.no_draw else (args.out or ('infer_vis' if many else 'result.png'))
     if out is not None and not many:
-        from ..utils.predictions import check_drawing_path
+        from mmplugin.cli.predictions import check_drawing_path
         try:
             check_drawing_path(out)  # before the model is built
         except PredictionOutputError as err:
@@ -94,37 +94,34 @@ def main(argv=None) -> int:
     except CheckpointError as err:
         print(f'error: {err}', file=sys.stderr)
         return 2
-    from ..apis import load_config
-    from ..deploy import compile_backbone_and_neck, enable_fast_inference
-    from ..inference.fast import fast_inference_message
+    from mmplugin.apis import load_config
+    from mmplugin.inference.fast import compile_backbone_and_neck, enable_fast_inference, fast_inference_message
     cfg = load_config(args.config, args.cfg_options)
-    from ..apis import check_model_wiring
+    from mmplugin.apis import check_model_wiring
     check_model_wiring(cfg, args.config)  # a neck that does not fit the backbone: the config's mistake, before any data
-    from ..utils.predictions import check_distinct_outputs
+    from mmplugin.cli.predictions import check_distinct_outputs
     check_distinct_outputs(out, args.pred_out, many, cfg.get('default_scope') == 'mmseg')  # before the model
     cfg.model.get('backbone', {}).pop('init_cfg', None)
-    if not _fits(cfg, ckpt, args):
-        return 2
     segmentor = cfg.get('default_scope') == 'mmseg'
     if segmentor:
-        from mmengine.runner import load_checkpoint
-        from mmseg.apis import inference_model, init_model
+        from mmseg.apis import inference_model as infer
+        from mmseg.apis import init_model as init
         from mmseg.registry import DATASETS
-        # mmseg's init_model needs checkpoint['meta'] (KeyError otherwise): load here, classes from the config
-        # when the checkpoint does not name them
-        model = init_model(cfg, None, device=args.device)
-        load_checkpoint(model, args.checkpoint, map_location='cpu')
-        meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
-        model.dataset_meta = meta or DATASETS.build(dict(cfg.test_dataloader.dataset, lazy_init=True)).metainfo
-        infer = inference_model
     else:
-        from mmdet.apis import inference_detector, init_detector
+        from mmdet.apis import inference_detector as infer
+        from mmdet.apis import init_detector as init
         from mmdet.registry import DATASETS
-        model = init_detector(cfg, args.checkpoint, device=args.device)
-        meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
-        if not meta:  # mmdet falls back to COCO's 80 names; the config's dataset names the classes
-            model.dataset_meta = DATASETS.build(dict(cfg.test_dataloader.dataset, lazy_init=True)).metainfo
-        infer = inference_detector
+    import warnings
+    with warnings.catch_warnings():  # mmdet warns that it names COCO's classes without a checkpoint: set below
+        warnings.filterwarnings('ignore', message='checkpoint is None')
+        model = init(cfg, None, device=args.device)  # no weights yet: the file read above, checked, is loaded next
+    if not _load_checked(model, ckpt, args):
+        return 2
+    # the classes: the checkpoint's (mmengine keeps them in meta), else the config's dataset (never COCO's 80 names
+    # behind a warning, which mmdet falls back to)
+    meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
+    model.dataset_meta = meta or DATASETS.build(dict(cfg.test_dataloader.dataset, lazy_init=True)).metainfo
+    del ckpt
     if args.fast:
         dtype = enable_fast_inference(model, args.fast, args.device)
         print(fast_inference_message(args.fast, dtype))

@@ -6,7 +6,7 @@ import argparse
 import os.path as osp
 import time
 
-from ..utils.cli import run_tool, tool_main
+from mmplugin.cli.common import run_tool, tool_main
 
 
 @tool_main
@@ -17,7 +17,7 @@ def main(argv=None):
     p.add_argument('--num-train', type=int, default=400)
     p.add_argument('--num-val', type=int, default=60)
     args = p.parse_args(argv)
-    from ..demo import make_instance_dataset, make_semantic_dataset
+    from mmplugin.demo import make_instance_dataset, make_semantic_dataset
     t = time.time()
     make_instance_dataset(osp.join(args.root, 'shapes_coco'), args.num_train, args.num_val, seed=args.seed)
     make_semantic_dataset(osp.join(args.root, 'shapes_ade'), args.num_train, args.num_val, seed=args.seed + 1)

@@ -16,10 +16,11 @@ import argparse
 import json
 import sys
 
-from ..utils.cli import require_files, run_tool, tool_main
+from mmplugin.cli.common import require_files, run_tool, tool_main
+
 
 def parse_args(argv=None):
-    from ..utils.cli import CfgOptionsAction
+    from mmplugin.cli.common import CfgOptionsAction
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('config')
     p.add_argument('checkpoint')
@@ -42,7 +43,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     import mmplugin  # noqa: F401
-    from ..deploy.quantize_eval import evaluate_int8, quantize_checkpoint
+    from mmplugin.quantization.evaluate import evaluate_int8, quantize_checkpoint
     require_files(('config', args.config), ('checkpoint', args.checkpoint))
     kw = dict(backend=args.backend, part=args.part, keep_float=args.keep_float, num_calib=args.num_calib,
               work_dir=args.out, cfg_options=args.cfg_options)

@@ -27,9 +27,9 @@ import tempfile
 
 import torch
 
-from ..analysis import load_warning
-from ..analysis.speed import backbone_rows, cpu_description, whole_model_rows
-from ..utils.cli import add_retain_memory_option, apply_retain_memory_option, run_tool, tool_main
+from mmplugin.analysis import load_warning
+from mmplugin.analysis.speed import backbone_rows, cpu_description, whole_model_rows
+from mmplugin.cli.common import add_retain_memory_option, apply_retain_memory_option, run_tool, tool_main
 
 
 @tool_main
@@ -49,8 +49,7 @@ def main(argv=None):
     add_retain_memory_option(p)
     args = p.parse_args(argv)
     import mmplugin  # noqa: F401
-
-    from ..deploy import native_low_precision
+    from mmplugin.inference.fast import native_low_precision
     if args.threads:
         torch.set_num_threads(args.threads)
     size = tuple(int(v) for v in args.size.lower().split('x'))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..utils.cli import run_tool, tool_main
+from mmplugin.cli.common import run_tool, tool_main
 
 
 def parse_args(argv=None):
@@ -31,8 +31,8 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     import torch
 
-    from ..analysis.table3 import format_table, measure, plot
-    from ..utils.cpu import describe
+    from mmplugin.analysis.table3 import format_table, measure, plot
+    from mmplugin.utils.cpu import describe
     if args.threads:
         torch.set_num_threads(args.threads)
     rows = measure(rounds=args.rounds, whole=not args.backbone_only)

@@ -20,11 +20,11 @@ import argparse
 import os
 import sys
 
-from ..utils.cli import add_inference_options, require_files, run_tool, tool_main
+from mmplugin.cli.common import add_inference_options, require_files, run_tool, tool_main
 
 
 def parse_args(argv=None):
-    from ..utils.cli import CfgOptionsAction
+    from mmplugin.cli.common import CfgOptionsAction
     p = argparse.ArgumentParser(description='Evaluate a trained detector or segmentor.')
     p.add_argument('config')
     p.add_argument('checkpoint')
@@ -57,8 +57,8 @@ def _plain(v):
 
 
 def _apply_evaluation_options(cfg, args) -> None:
-    """--tta, --format-only / --out-dir and --show-dir on the config (mmplugin.utils.evaluation)."""
-    from ..utils.evaluation import configure_format_only, configure_show_dir, configure_tta
+    """--tta, --format-only / --out-dir and --show-dir on the config (mmplugin.cli.evaluation)."""
+    from mmplugin.cli.evaluation import configure_format_only, configure_show_dir, configure_tta
     if args.tta:
         configure_tta(cfg)
     if args.format_only:
@@ -72,22 +72,22 @@ def _apply_evaluation_options(cfg, args) -> None:
 def main(argv=None) -> int:
     args = parse_args(argv)
     import mmplugin  # noqa: F401
-
-    from ..apis import checkpoint_fit, load_config
-    from ..checkpoint import load_checkpoint_file
-    from ..utils import build_runner, check_datasets, prepare_runner_cfg
-    from ..utils.evaluation import add_dump_metric, check_distinct_test_outputs, check_dump_path, is_segmentor_cfg
+    from mmplugin.apis import load_checkpoint_checked, load_config
+    from mmplugin.checkpoint import load_checkpoint_file
+    from mmplugin.cli.datasets import check_datasets
+    from mmplugin.cli.evaluation import add_dump_metric, check_distinct_test_outputs, check_dump_path, is_segmentor_cfg
+    from mmplugin.cli.runner import build_runner, prepare_runner_cfg
 
     require_files(('config', args.config), ('checkpoint', args.checkpoint), urls=True)
     cfg = load_config(args.config, args.cfg_options)
-    from ..apis import check_model_wiring
+    from mmplugin.apis import check_model_wiring
     check_model_wiring(cfg, args.config)  # a neck that does not fit the backbone: the config's mistake, before any data
     check_distinct_test_outputs(args.out, args.out_dir, args.show_dir, is_segmentor_cfg(cfg))
-    check_datasets(cfg, splits=('test', ))  # user errors end as one line (mmplugin.utils.cli)
+    check_datasets(cfg, splits=('test', ))  # user errors end as one line (mmplugin.cli.common)
     ckpt = load_checkpoint_file(args.checkpoint)  # fail fast, with a clear message, on a bad file
     args.resume = None
     prepare_runner_cfg(cfg, args)
-    cfg.load_from = args.checkpoint
+    cfg.load_from = None  # the file is read once (above) and loaded, checked, into the runner's model (below)
     cfg.model.get('backbone', {}).pop('init_cfg', None)  # weights come from the checkpoint
     _apply_evaluation_options(cfg, args)
     if args.out:
@@ -95,8 +95,15 @@ def main(argv=None) -> int:
     runner = build_runner(cfg)
     if args.out:
         print(f'--out: dumping raw predictions to {add_dump_metric(runner, args.out, is_segmentor_cfg(cfg))}')
-    problem = checkpoint_fit(runner.model, ckpt, source=args.checkpoint, model_name=args.config)
+    # the tools' one loading path: published layouts converted, every key checked; what fits is loaded
+    problem = load_checkpoint_checked(runner.model, ckpt, strict=False, source=args.checkpoint,
+                                      model_name=args.config)
+    # what mmengine's own loading would tell the hooks (an EMAHook copies these weights into its EMA model)
+    from mmplugin.loading import unwrap_model
+    loaded = {'meta': ckpt.get('meta', {}) if isinstance(ckpt, dict) else {},
+              'state_dict': unwrap_model(runner.model).state_dict()}
     del ckpt
+    runner.call_hook('after_load_checkpoint', checkpoint=loaded)
     if problem and not args.allow_partial:
         print(f'error: {problem}\nPass --allow-partial to evaluate anyway.', file=sys.stderr)
         return 2
@@ -107,11 +114,11 @@ def main(argv=None) -> int:
     if args.tta:
         model = model.module  # the detector / segmentor inside the TTA wrapper
     if args.fast:
-        from ..inference.fast import enable_fast_inference, fast_inference_message
+        from mmplugin.inference.fast import enable_fast_inference, fast_inference_message
         dtype = enable_fast_inference(model, args.fast, next(model.parameters()).device)
         print(fast_inference_message(args.fast, dtype))
     if args.compile:
-        from ..deploy import compile_backbone_and_neck
+        from mmplugin.inference.fast import compile_backbone_and_neck
         compile_backbone_and_neck(model)  # in place: the checkpoint's keys still match
     metrics = runner.test()
     print({k: _plain(v) for k, v in (metrics or {}).items()})

@@ -1,7 +1,7 @@
 """Train an mmdet or mmseg model from a config, with the plugin's backbones registered.
 
-    python tools/train.py configs/swiftformer_l1_maskrcnn.py [--work-dir DIR] [--resume [PATH]] [--amp] [--amp-dtype float16|bfloat16]
-        [--cfg-options key=value ...] [--launcher none|pytorch|slurm]
+    python tools/train.py configs/swiftformer/swiftformer_l1_maskrcnn_1x_coco.py [--work-dir DIR] [--resume [PATH]]
+        [--amp] [--amp-dtype float16|bfloat16] [--cfg-options key=value ...] [--launcher none|pytorch|slurm]
 
 Multi-GPU / multi-node: tools/dist_train.sh (torchrun, c10d rendezvous) or tools/slurm_train.sh; mmengine's
 distributed runner does the work (``runner_type='FlexibleRunner'`` in a config for FSDP); docs/distributed.md.
@@ -13,11 +13,11 @@ import argparse
 import os
 import sys
 
-from ..utils.cli import run_tool, tool_main
+from mmplugin.cli.common import run_tool, tool_main
 
 
 def parse_args(argv=None):
-    from ..utils.cli import CfgOptionsAction
+    from mmplugin.cli.common import CfgOptionsAction
     p = argparse.ArgumentParser(description='Train a detector or segmentor (mmdet / mmseg config).')
     p.add_argument('config', help='config file')
     p.add_argument('--work-dir', help='where logs and checkpoints go (default: work_dirs/<config name>)')
@@ -40,13 +40,12 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     import mmplugin  # noqa: F401  registers the backbones, safe checkpoint loading
-
-    from ..checkpoint import CheckpointError
-    from ..utils import DatasetConfigError, build_runner, check_datasets, prepare_runner_cfg
-
-    from ..apis import load_config
+    from mmplugin.apis import load_config
+    from mmplugin.checkpoint import CheckpointError
+    from mmplugin.cli.datasets import DatasetConfigError, check_datasets
+    from mmplugin.cli.runner import build_runner, prepare_runner_cfg
     cfg = load_config(args.config, args.cfg_options)  # a missing file: one error line (tool_main)
-    from ..apis import check_model_wiring
+    from mmplugin.apis import check_model_wiring
     check_model_wiring(cfg, args.config)  # a neck that does not fit the backbone: the config's mistake, before any data
     try:
         check_datasets(cfg, splits=('train', 'val') if cfg.get('val_cfg') else ('train', ))
@@ -61,7 +60,7 @@ def main(argv=None) -> int:
     runner = build_runner(cfg)
     import torch
     if not torch.cuda.is_available():
-        from ..analysis.load import TRAINING, load_warning
+        from mmplugin.analysis.load import TRAINING, load_warning
         busy = load_warning(torch.get_num_threads(), effect=TRAINING)
         if busy:
             print(busy, file=sys.stderr, flush=True)

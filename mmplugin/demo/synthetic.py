@@ -42,7 +42,8 @@ def _shape_mask(rng: np.random.Generator, cls: int, size: int) -> np.ndarray:
         cv2.fillPoly(mask, [np.round(box).astype(np.int32)], 1)
     else:
         a0 = rng.uniform(0, 2 * np.pi)
-        pts = [(cx + s / 2 * np.cos(a0 + k * 2 * np.pi / 3), cy + s / 2 * np.sin(a0 + k * 2 * np.pi / 3)) for k in range(3)]
+        pts = [(cx + s / 2 * np.cos(a0 + k * 2 * np.pi / 3), cy + s / 2 * np.sin(a0 + k * 2 * np.pi / 3))
+               for k in range(3)]
         cv2.fillPoly(mask, [np.round(np.array(pts)).astype(np.int32)], 1)
     return mask
 

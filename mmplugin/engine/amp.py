@@ -25,8 +25,9 @@ from mmengine.optim import AmpOptimWrapper as _MMEngineAmpOptimWrapper
 from mmengine.optim import OptimWrapper
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..registry import OPTIM_WRAPPERS
-from .mmcv_ops import install_cpu_reduced_precision_ops
+from mmplugin.engine.mmcv_ops import install_cpu_reduced_precision_ops
+from mmplugin.registry import OPTIM_WRAPPERS
+from mmplugin.utils.errors import ConfigTypeError, ConfigValueError
 
 __all__ = ['AmpOptimWrapper', 'Fp32ConvolutionBackward', 'default_amp_dtype']
 
@@ -65,11 +66,12 @@ class AmpOptimWrapper(_MMEngineAmpOptimWrapper):
         OptimWrapper.__init__(self, **kwargs)  # mmengine's __init__ asserts an accelerator
         if isinstance(dtype, str):
             if dtype not in ('float16', 'bfloat16'):
-                raise ValueError(f"mmplugin.AmpOptimWrapper: dtype must be 'float16' or 'bfloat16' (or None), "
+                raise ConfigValueError(f"mmplugin.AmpOptimWrapper: dtype must be 'float16' or 'bfloat16' (or None), "
                                  f'got {dtype!r}')
             dtype = getattr(torch, dtype)
         if dtype not in (None, torch.float16, torch.bfloat16):
-            raise ValueError(f'mmplugin.AmpOptimWrapper: dtype must be torch.float16 or torch.bfloat16, got {dtype!r}')
+            raise ConfigValueError(f'mmplugin.AmpOptimWrapper: dtype must be torch.float16 or torch.bfloat16, '
+                                   f'got {dtype!r}')
         params = [p for g in self.optimizer.param_groups for p in g['params']]
         self.device_type = params[0].device.type if params else 'cpu'
         if self.device_type == 'cpu':
@@ -90,7 +92,7 @@ class AmpOptimWrapper(_MMEngineAmpOptimWrapper):
         elif isinstance(loss_scale, dict):
             self.loss_scaler = make(**loss_scale)
         else:
-            raise TypeError(f"mmplugin.AmpOptimWrapper: loss_scale must be 'dynamic', a number or a dict of "
+            raise ConfigTypeError(f"mmplugin.AmpOptimWrapper: loss_scale must be 'dynamic', a number or a dict of "
                             f'GradScaler arguments, got {loss_scale!r}')
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:

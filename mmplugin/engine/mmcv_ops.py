@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from ..models.layers.precision import REDUCED_DTYPES
+from mmplugin.models.layers.precision import REDUCED_DTYPES
 
 __all__ = ['CPU_FP32_ONLY_KERNELS', 'install_cpu_reduced_precision_ops']
 

@@ -70,8 +70,8 @@ def _report(size=(800, 1216)) -> None:
     """Faults per forward of Swin-T (fp32 and, where native, bf16 autocast) before and after retaining."""
     import torch
 
-    from ..models import SwinTransformer
-    from ..utils.cpu import cpu_model
+    from mmplugin.models import SwinTransformer
+    from mmplugin.utils.cpu import cpu_model
     torch.set_num_threads(2)
     torch.manual_seed(0)
     model = SwinTransformer(arch='tiny').eval()

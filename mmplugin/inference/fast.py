@@ -67,7 +67,7 @@ def native_low_precision(device: torch.device | str = 'cpu') -> torch.dtype | No
 
 def fast_inference_message(mode: str, dtype: torch.dtype | None) -> str:
     """What the tools print after :func:`enable_fast_inference`: the dtype used and whether freed memory is kept."""
-    from .allocator import retained
+    from mmplugin.inference.allocator import retained
     return (f'--fast {mode}: backbone + neck in {dtype or "torch.float32"}, heads in torch.float32'
             + ('; freed memory kept in the process (glibc)' if retained() else ''))
 
@@ -105,7 +105,7 @@ def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.de
             warnings.warn(f'--fast {mode}: {device.type} has no native {mode} kernels; it runs emulated (slower than '
                           'fp32). Useful to measure the accuracy cost only', stacklevel=2)
     if device.type == 'cpu':
-        from .allocator import retain_freed_memory
+        from mmplugin.inference.allocator import retain_freed_memory
         retain_freed_memory()
     plain = model.extract_feat
 

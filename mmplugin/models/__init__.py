@@ -1,7 +1,8 @@
 """Models. Importing this package registers every backbone, neck and test-time augmentation wrapper in
 :data:`mmplugin.registry.MODELS`."""
-from .backbones import EfficientFormer, PoolFormer, SwiftFormer, SwinTransformer, SwinTransformerV2
-from .necks import GlobalAttentionNeck
-from .tta import MaskDetTTAModel
+from mmplugin.models.backbones import EfficientFormer, PoolFormer, SwiftFormer, SwinTransformer, SwinTransformerV2
+from mmplugin.models.necks import GlobalAttentionNeck
+from mmplugin.models.tta import MaskDetTTAModel
 
-__all__ = ['EfficientFormer', 'PoolFormer', 'SwiftFormer', 'SwinTransformer', 'SwinTransformerV2', 'GlobalAttentionNeck', 'MaskDetTTAModel']
+__all__ = ['EfficientFormer', 'PoolFormer', 'SwiftFormer', 'SwinTransformer', 'SwinTransformerV2',
+           'GlobalAttentionNeck', 'MaskDetTTAModel']

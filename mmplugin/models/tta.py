@@ -14,7 +14,7 @@ import torch
 from mmengine.model import BaseTTAModel
 from mmengine.structures import InstanceData
 
-from ..registry import MODELS
+from mmplugin.registry import MODELS
 
 __all__ = ['MaskDetTTAModel', 'flip_masks']
 

@@ -2,9 +2,10 @@
 
 Each ``check_*(cls, arch, ...)`` builds its own models of the :class:`~mmplugin.models.backbones.base.BaseBackbone`
 subclass ``cls`` at ``arch`` and raises ``AssertionError`` naming what broke, so families can be checked in any
-order. The repository's ``tests/test_conformance.py`` runs them over every registered family and arch;
-``tests/test_toy_family.py`` runs them on a family defined inside the test, which shows a new family needs nothing
-outside its own file. A family in another package runs them from its own tests (``docs/extending.md``)::
+order. The repository's ``tests/models/backbones/test_conformance.py`` runs them over every registered family and
+arch; ``tests/models/backbones/test_toy_family.py`` runs them on a family defined inside the test, which shows a new
+family needs nothing outside its own folder. A family in another package runs them from its own tests
+(``docs/extending.md``)::
 
     from mmplugin.testing.conformance import ALL_CHECKS, check_state_dict_roundtrip, check_with_cp
 
@@ -25,9 +26,9 @@ import torch.utils.checkpoint
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..models.backbones.base import BaseBackbone, detect_family
-from ..utils.numerics import rel_error
-from .numeric import FP32_PARITY, REDUCED_VS_FP32, randomize_
+from mmplugin.models.backbones.base import BaseBackbone, detect_family
+from mmplugin.testing.numeric import FP32_PARITY, REDUCED_VS_FP32, randomize_
+from mmplugin.utils.numerics import rel_error
 
 __all__ = ['SIZES', 'ALL_CHECKS', 'build', 'check_declared_shapes', 'check_empty_batch', 'check_freezing',
            'check_norm_eval', 'check_with_cp', 'check_grad_strides', 'check_reduced_precision', 'check_bf16',
@@ -227,7 +228,8 @@ def check_reduced_precision(cls, arch, dtypes=('bf16', 'fp16'), sizes=SIZES, sca
                 for i, (o, r) in enumerate(zip(got, ref)):
                     assert torch.isfinite(o).all(), f'{where}, {mode}: output {i} is not finite'
                     err = rel_error(o, r)
-                    assert err < bound, f'{where}, {mode}: output {i} differs from fp32 by {err:.3g} (bound {bound:.3g})'
+                    assert err < bound, (f'{where}, {mode}: output {i} differs from fp32 by {err:.3g} '
+                                         f'(bound {bound:.3g})')
             assert all(o.dtype == dtype for o in cast)
 
 

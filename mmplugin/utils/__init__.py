@@ -1,7 +1,2 @@
-"""Helpers for the command-line tools."""
-from .datasets import (DatasetClassesError, DatasetConfigError, DatasetMissingError, annotation_categories,
-                       check_datasets)
-from .runner import build_runner, find_resumable_checkpoint, prepare_runner_cfg
-
-__all__ = ['DatasetClassesError', 'DatasetConfigError', 'DatasetMissingError', 'annotation_categories',
-           'build_runner', 'check_datasets', 'find_resumable_checkpoint', 'prepare_runner_cfg']
+"""Primitives that import nothing else of the package: CPU kernel families (:mod:`.cpu`), error measures
+(:mod:`.numerics`), timers (:mod:`.timing`) and the user-error base class (:mod:`.errors`)."""

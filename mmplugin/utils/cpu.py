@@ -6,8 +6,9 @@ AVX-512, AVX512-BF16 and AMX machines. ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAP
 instruction set (never raise them), which lets one machine exercise two kernel families. The test runner uses
 :func:`lower_isa_envs` to run the numeric tests again on the older families.
 
-``python -m mmplugin.utils.cpu`` (or the file itself: it imports only torch) prints what this process runs; ``--lower-envs`` prints, one line per older family,
-the ``NAME=value`` pairs that select it (nothing on a machine that has only AVX2 or less).
+``python -m mmplugin.utils.cpu`` (or the file itself: it imports only torch) prints what this process runs;
+``--lower-envs`` prints, one line per older family, the ``NAME=value`` pairs that select it (nothing on a machine
+that has only AVX2 or less).
 """
 from __future__ import annotations
 
@@ -54,7 +55,8 @@ def cpu_model() -> str:
                     break
     except OSError:
         return platform.processor() or 'unknown CPU'
-    return f'{info.get("model name", "unknown CPU")} (family {info.get("cpu family", "?")}, model {info.get("model", "?")})'
+    name = info.get('model name', 'unknown CPU')
+    return f'{name} (family {info.get("cpu family", "?")}, model {info.get("model", "?")})'
 
 
 def _hardware_family(flags: set[str]) -> int | None:

@@ -16,7 +16,7 @@ bookkeeping, per-output norms, freezing, ``norm_eval``, gradient checkpointing (
 :meth:`set_grad_checkpointing`, also after construction), empty batches, and pretrained loading (the
 :class:`~.pretrained.PretrainedMixin`).
 
-Contract checked for every family by ``tests/test_conformance.py``: output ``k`` is an NCHW tensor with
+Contract checked for every family by ``tests/models/backbones/test_conformance.py``: output ``k`` is an NCHW tensor with
 ``out_channels[k]`` channels and spatial size ``ceil(H / out_strides[k]) x ceil(W / out_strides[k])``.
 """
 from __future__ import annotations
@@ -31,10 +31,11 @@ from mmengine.model import BaseModule
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..layers.precision import autocast_dtype
-from .arguments import check_int_list
-from .pretrained import PretrainedMixin, resolve_pretrained
-from .registry import FAMILIES, detect_family, get_family, register_family
+from mmplugin.models.backbones.arguments import check_int_list
+from mmplugin.models.backbones.pretrained import PretrainedMixin, resolve_pretrained
+from mmplugin.models.backbones.registry import FAMILIES, detect_family, get_family, register_family
+from mmplugin.models.layers.precision import autocast_dtype
+from mmplugin.utils.errors import ConfigTypeError, ConfigValueError
 
 __all__ = ['BaseBackbone', 'FAMILIES', 'detect_family', 'get_family', 'check_int_list']
 
@@ -80,13 +81,14 @@ class BaseBackbone(PretrainedMixin, BaseModule):
         name = self.public_name()
         super().__init__(init_cfg=resolve_pretrained(name, pretrained, init_cfg))
         if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:
-            raise ValueError(f'{name}: in_channels must be a positive int, got {in_channels!r}')
+            raise ConfigValueError(f'{name}: in_channels must be a positive int, got {in_channels!r}')
         if isinstance(frozen_stages, bool) or not isinstance(frozen_stages, int) \
                 or not -1 <= frozen_stages <= self.num_stages:
-            raise ValueError(f'{name}: frozen_stages must be an int in -1..{self.num_stages}, got {frozen_stages!r}')
+            raise ConfigValueError(f'{name}: frozen_stages must be an int in -1..{self.num_stages}, '
+                                   f'got {frozen_stages!r}')
         if isinstance(drop_path_rate, bool) or not isinstance(drop_path_rate, (int, float)) \
                 or not 0.0 <= drop_path_rate < 1.0:
-            raise ValueError(f'{name}: drop_path_rate must be a number in [0, 1), got {drop_path_rate!r}')
+            raise ConfigValueError(f'{name}: drop_path_rate must be a number in [0, 1), got {drop_path_rate!r}')
         self.in_channels = in_channels
         self.out_indices = self.check_out_indices(out_indices, self.num_stages)
         self.frozen_stages, self.norm_eval, self.with_cp = frozen_stages, bool(norm_eval), bool(with_cp)
@@ -142,15 +144,15 @@ class BaseBackbone(PretrainedMixin, BaseModule):
         if isinstance(arch, str):
             key = arch.lower()
             if key not in cls.arch_zoo:
-                raise ValueError(f'{name}: unknown arch {arch!r}; valid: {sorted(cls.arch_zoo)} '
+                raise ConfigValueError(f'{name}: unknown arch {arch!r}; valid: {sorted(cls.arch_zoo)} '
                                  f'or a dict with keys {list(cls.arch_keys)}')
             return dict(cls.arch_zoo[key])
         if not isinstance(arch, dict):
-            raise TypeError(f'{name}: arch must be a name or a dict, got {type(arch).__name__}')
+            raise ConfigTypeError(f'{name}: arch must be a name or a dict, got {type(arch).__name__}')
         missing = [k for k in cls.arch_keys if k not in arch]
         unknown = [k for k in arch if k not in cls.arch_keys]
         if missing or unknown:
-            raise ValueError(f'{name}: a custom arch dict needs exactly the keys {list(cls.arch_keys)}; '
+            raise ConfigValueError(f'{name}: a custom arch dict needs exactly the keys {list(cls.arch_keys)}; '
                              + (f'missing {missing}' if missing else '') + ('; ' if missing and unknown else '')
                              + (f'unknown {unknown}' if unknown else ''))
         return dict(arch)
@@ -196,22 +198,24 @@ class BaseBackbone(PretrainedMixin, BaseModule):
     def check_input(self, x: torch.Tensor) -> None:
         if not isinstance(x, torch.Tensor) or x.ndim != 4:
             shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f'{self.public_name()}: expected an image batch of shape (N, {self.in_channels}, H, W), '
-                             f'got {shape}')
+            raise ConfigValueError(f'{self.public_name()}: expected an image batch of shape '
+                                   f'(N, {self.in_channels}, H, W), got {shape}')
         if x.shape[1] != self.in_channels:
-            raise ValueError(f'{self.public_name()}: expected {self.in_channels} input channels, got {x.shape[1]} '
-                             f'(input shape {tuple(x.shape)}); set in_channels or check the data pipeline')
+            raise ConfigValueError(f'{self.public_name()}: expected {self.in_channels} input channels, '
+                                   f'got {x.shape[1]} (input shape {tuple(x.shape)}); set in_channels or check the '
+                                   'data pipeline')
         if x.shape[2] < 1 or x.shape[3] < 1:
-            raise ValueError(f'{self.public_name()}: empty image size {tuple(x.shape[2:])}')
+            raise ConfigValueError(f'{self.public_name()}: empty image size {tuple(x.shape[2:])}')
         if not x.is_floating_point():
-            raise TypeError(f'{self.public_name()}: expected a floating-point image batch, got {x.dtype}; '
+            raise ConfigTypeError(f'{self.public_name()}: expected a floating-point image batch, got {x.dtype}; '
                             'convert it with .float() (and normalise it as the data preprocessor does)')
         param = next(self.parameters(), None)
         if param is not None and x.dtype != param.dtype and not (
-                autocast_dtype(x.device.type) is not None and x.dtype in (torch.float32, torch.bfloat16, torch.float16)):
-            raise TypeError(f'{self.public_name()}: input dtype {x.dtype} does not match the model\'s parameter dtype '
-                            f'{param.dtype}; convert the input (x.to({param.dtype})) or the model, or run under '
-                            'torch.autocast for mixed precision')
+                autocast_dtype(x.device.type) is not None
+                and x.dtype in (torch.float32, torch.bfloat16, torch.float16)):
+            raise ConfigTypeError(f'{self.public_name()}: input dtype {x.dtype} does not match the model\'s '
+                                  f'parameter dtype {param.dtype}; convert the input (x.to({param.dtype})) or the '
+                                  'model, or run under torch.autocast for mixed precision')
 
     # ------------------------------------------------------------------ forward skeleton
     def forward_stem(self, x: torch.Tensor) -> torch.Tensor:

@@ -14,8 +14,9 @@ from collections.abc import Sequence
 import torch
 from mmengine.logging import print_log
 
-from ...checkpoint import CheckpointError, load_checkpoint_file
-from ...converters.common import plan_load, unwrap_state_dict
+from mmplugin.checkpoint import CheckpointError, load_checkpoint_file
+from mmplugin.checkpoint.convert import plan_load, unwrap_state_dict
+from mmplugin.utils.errors import ConfigTypeError, ConfigValueError
 
 __all__ = ['PretrainedMixin', 'resolve_pretrained']
 
@@ -33,7 +34,8 @@ def resolve_pretrained(owner: str, pretrained, init_cfg):
     if pretrained is None:
         return init_cfg
     if not isinstance(pretrained, str):
-        raise TypeError(f'{owner}: pretrained must be a str (path or URL) or None, got {type(pretrained).__name__}')
+        raise ConfigTypeError(f'{owner}: pretrained must be a str (path or URL) or None, '
+                              f'got {type(pretrained).__name__}')
     if pretrained.startswith(_RESNET_ALIASES):
         warnings.warn(f'{owner}: ignoring pretrained={pretrained!r}, a model-zoo alias for another backbone. It '
                       'usually comes from a base config\'s model.pretrained (e.g. mmseg\'s _base_/models/*.py); set '
@@ -41,7 +43,7 @@ def resolve_pretrained(owner: str, pretrained, init_cfg):
                       'init_cfg=dict(type=\'Pretrained\', checkpoint=...).', UserWarning, stacklevel=3)
         return init_cfg
     if init_cfg is not None:
-        raise ValueError(f'{owner}: init_cfg and pretrained cannot be set at the same time (pretrained is '
+        raise ConfigValueError(f'{owner}: init_cfg and pretrained cannot be set at the same time (pretrained is '
                          'deprecated: use init_cfg=dict(type=\'Pretrained\', checkpoint=...))')
     warnings.warn('DeprecationWarning: pretrained is deprecated, please use "init_cfg" instead', UserWarning,
                   stacklevel=3)

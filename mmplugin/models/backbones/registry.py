@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ...checkpoint import CheckpointError
+from mmplugin.checkpoint import CheckpointError
 
 if TYPE_CHECKING:
-    from .base import BaseBackbone
+    from mmplugin.models.backbones.base import BaseBackbone
 
 __all__ = ['FAMILIES', 'register_family', 'get_family', 'detect_family']
 

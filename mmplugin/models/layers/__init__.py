@@ -1,13 +1,24 @@
 """Layers shared by the backbones."""
-from .drop import DropPath, linear_drop_path_rates
-from .fusion import (bn_scale_shift, can_fuse_onednn, conv_act, conv_add, conv_bn, folded_bn_conv1x1, folded_conv_bn,
-                     fuse_bn_conv1x1, fuse_conv_bn, onednn_fusion_disabled, scale_output_, uses_running_stats)
-from .init import transformer_init_
-from .window_attention import WindowAttention, WindowAttentionBase, WindowAttentionV2
-from .windows import WindowGeometry
+from mmplugin.models.layers.drop import DropPath, linear_drop_path_rates
+from mmplugin.models.layers.fusion import (
+    bn_scale_shift,
+    can_fuse_onednn,
+    conv_act,
+    conv_add,
+    conv_bn,
+    folded_bn_conv1x1,
+    folded_conv_bn,
+    fuse_bn_conv1x1,
+    fuse_conv_bn,
+    onednn_fusion_disabled,
+    scale_output_,
+    uses_running_stats,
+)
+from mmplugin.models.layers.init import transformer_init_
 
 __all__ = [
     'DropPath', 'linear_drop_path_rates', 'bn_scale_shift', 'can_fuse_onednn', 'conv_act', 'conv_add', 'conv_bn',
-    'folded_bn_conv1x1', 'folded_conv_bn', 'fuse_bn_conv1x1', 'fuse_conv_bn', 'onednn_fusion_disabled', 'scale_output_', 'uses_running_stats',
-    'transformer_init_', 'WindowAttention', 'WindowAttentionBase', 'WindowAttentionV2', 'WindowGeometry'
+    'folded_bn_conv1x1', 'folded_conv_bn', 'fuse_bn_conv1x1', 'fuse_conv_bn', 'onednn_fusion_disabled', 'scale_output_',
+    'uses_running_stats',
+    'transformer_init_'
 ]

@@ -1,4 +1,4 @@
 """Necks registered under the ``mmplugin`` scope."""
-from .global_attention import GlobalAttentionBlock, GlobalAttentionNeck, GlobalSelfAttention
+from mmplugin.models.necks.global_attention import GlobalAttentionBlock, GlobalAttentionNeck, GlobalSelfAttention
 
 __all__ = ['GlobalAttentionBlock', 'GlobalAttentionNeck', 'GlobalSelfAttention']

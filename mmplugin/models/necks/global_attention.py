@@ -28,8 +28,8 @@ import torch.nn.functional as F
 from mmengine.model import BaseModule
 from torch import nn
 
-from ...registry import MODELS
-from ..layers import DropPath, transformer_init_
+from mmplugin.models.layers import DropPath, transformer_init_
+from mmplugin.registry import MODELS
 
 
 class GlobalSelfAttention(nn.Module):

@@ -1,0 +1,6 @@
+# SwiftFormer-XS Semantic FPN 40k, ADE20K 512x512. Source: SwiftFormer paper §4.5 / Table 3; recipe in
+# _base_/swiftformer_semfpn_40k.py. Paper: mIoU - (Table 3 reports L1 and L3 only).
+_base_ = ['../_base_/swiftformer_semfpn_40k.py']
+model = dict(
+    backbone=dict(arch='xs', init_cfg=dict(type='Pretrained', checkpoint='weights/SwiftFormer_XS.pth')),
+    neck=dict(in_channels=[48, 56, 112, 220]))

@@ -1,0 +1,246 @@
+"""Shifted-window attention of Swin V1 and V2: one forward (partition -> attend -> project -> reverse) in
+:class:`WindowAttentionBase`, with V1 (:class:`WindowAttention`) and V2 (:class:`WindowAttentionV2`) as siblings that
+supply the query / key / value projection with its scale, and the relative position bias.
+
+Feature maps are ``(B, H, W, C)`` (channels last) throughout; the window geometry (padding, cyclic shift, partition
+and its inverse) is :mod:`.windows`.
+
+Speed, compared with the usual roll -> partition -> attention -> reverse -> roll -> crop chain:
+
+* the cyclic shift and the window partition are one ``index_select`` with a cached permutation, and the
+  reverse + un-shift + crop is another, so each direction copies the map once instead of two or three times;
+* the shift mask is built with tensor ops once per stage and forward from cached per-position region labels;
+  blocks of a stage share it (``WindowGeometry``), and the cache holds only small index tensors;
+* a block's relative position bias is gathered once per forward, added to the mask once, and handed to
+  :func:`torch.nn.functional.scaled_dot_product_attention` as a float mask;
+* V2's per-head logit scale is folded into the normalised queries, so SDPA runs with ``scale=1``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mmplugin.models.backbones.swin.windows import (
+    MASK_VALUE,
+    WindowGeometry,
+    index_cache,
+    is_tracing,
+    must_pad,
+    padded_size,
+    window_index,
+)
+from mmplugin.models.layers.precision import fp32_normalize
+
+__all__ = [
+    'WindowAttentionBase', 'WindowAttention', 'WindowAttentionV2', 'WindowGeometry', 'coordinate_window',
+    'log_spaced_coords', 'relative_position_index', 'MASK_VALUE', 'is_tracing', 'must_pad', 'padded_size',
+    'window_index'
+]
+
+
+def relative_position_index(ws: int, device: torch.device, table_ws: int | None = None) -> torch.Tensor:
+    """``(ws*ws, ws*ws)`` index into a ``(2T-1)^2`` table (``T = table_ws``, default ``ws``):
+    ``(dy + T - 1) * (2T - 1) + (dx + T - 1)``. A window smaller than the table's reads the table's centre, i.e.
+    the same offsets.
+
+    Cached in eager mode; built in the graph while tracing, so no tensor created under a fake / tracing mode
+    is ever cached (non-strict export runs this code with fake tensors).
+    """
+    if is_tracing():
+        return _relative_position_index(ws, device, table_ws)
+    return _cached_relative_position_index(ws, device, table_ws)
+
+
+def _relative_position_index(ws: int, device: torch.device, table_ws: int | None = None) -> torch.Tensor:
+    t = table_ws or ws
+    coords = torch.stack(torch.meshgrid(torch.arange(ws), torch.arange(ws), indexing='ij')).flatten(1)
+    rel = coords[:, :, None] - coords[:, None, :] + (t - 1)
+    return (rel[0] * (2 * t - 1) + rel[1]).to(device)
+
+
+_cached_relative_position_index = index_cache(_relative_position_index)
+
+
+def log_spaced_coords(ws: int, pretrained_ws: int) -> torch.Tensor:
+    """V2 continuous position bias input: ``(2ws-1, 2ws-1, 2)`` log-spaced relative coordinates.
+
+    Offsets are normalised by ``pretrained_ws - 1`` (so a fine-tuned larger window extrapolates the pretrained
+    range), scaled to [-8, 8] and mapped by ``sign(t) * log2(1 + |t|) / log2(8)``.
+    """
+    r = torch.arange(-(ws - 1), ws, dtype=torch.float32)
+    table = torch.stack(torch.meshgrid(r, r, indexing='ij'), dim=-1)
+    table = table / max(pretrained_ws - 1, 1) * 8
+    return torch.sign(table) * torch.log2(table.abs() + 1.0) / math.log2(8)
+
+
+# ---------------------------------------------------------------------------------------------------- attention
+def _split_heads(qkv: torch.Tensor, heads: int):
+    bw, n, c3 = qkv.shape
+    qkv = qkv.view(bw, n, 3, heads, c3 // (3 * heads)).permute(2, 0, 3, 1, 4)
+    return qkv[0], qkv[1], qkv[2]  # (B*nW, heads, N, d) each
+
+
+def _attend(q, k, v, bias: torch.Tensor, b: int, scale: float | None, per_window: bool,
+            dropout: float = 0.0) -> torch.Tensor:
+    """SDPA over windows. ``bias``: ``(nW, heads, N, N)`` if ``per_window`` (shift mask) else ``(1, heads, N, N)``,
+    shared by the ``b`` images of the batch; ``dropout`` on the attention probabilities (training only). The branch
+    is on ``per_window`` only (never on a size), so a traced graph serves every batch and window count; for
+    ``b == 1`` the expand-reshape is a view."""
+    bw, heads, n, d = q.shape
+    if per_window and is_tracing():
+        bias = bias.repeat(b, 1, 1, 1)  # a copy for every batch size: no view-or-copy decision, no guard on b
+    elif per_window:
+        bias = bias.unsqueeze(0).expand(b, -1, -1, -1, -1).reshape(bw, heads, n, n)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), scale=scale,
+                                         dropout_p=dropout).transpose(1, 2)
+    if torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting():
+        # eager CPU/CUDA SDPA kernels return (B*nW, N, heads, d)-contiguous memory, so the reshape below is traced
+        # as a view; the ONNX exporter then decomposes SDPA into math ops whose output is heads-major, and that view
+        # fails. An explicit copy (an Identity in ONNX) keeps the graph valid for every layout.
+        out = out.clone(memory_format=torch.contiguous_format)
+    return out.reshape(bw, n, heads * d)
+
+
+def coordinate_window(pretrained_window_size: int, window_size: int) -> int:
+    """The window that normalises Swin V2's position coordinates: ``pretrained_window_size``, where 0 means the
+    window in use (``window_size``: the configured one, or the smaller window of a small map)."""
+    return pretrained_window_size or window_size
+
+
+class WindowAttentionBase(nn.Module):
+    """Multi-head attention within the windows of a ``(B, H, W, C)`` map, written once for Swin V1 and V2.
+
+    ``forward``: partition into windows -> :meth:`queries_keys_values` -> SDPA with :meth:`position_bias` (plus the
+    shift mask) -> ``proj`` -> ``proj_drop`` -> reverse. A subclass creates ``proj`` (``nn.Linear(C, C)``) and its
+    own parameters, and supplies the two hooks.
+
+    Args:
+        num_heads (int): heads. window_size (int): ws, the configured window.
+        attn_drop (float): dropout on the attention probabilities. proj_drop (float): dropout after ``proj``.
+    """
+
+    def __init__(self, num_heads: int, window_size: int, attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__()
+        self.num_heads, self.window_size = num_heads, window_size
+        self.attn_drop = attn_drop
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def queries_keys_values(self, win: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]:
+        """``(B*nW, N, C)`` windows -> ``q, k, v`` of shape ``(B*nW, heads, N, d)`` and the scale of ``q k^T``
+        (None: SDPA's ``d ** -0.5``)."""
+        raise NotImplementedError
+
+    def position_bias(self, ws: int | None = None) -> torch.Tensor:
+        """``(heads, N, N)`` position bias of a ``ws`` window (default: the configured one), ``N = ws * ws``."""
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor:
+        """x: ``(B, H, W, C)`` block input (already normalised for V1) -> ``(B, H, W, C)``."""
+        b = x.shape[0]
+        win = geom.partition(x)
+        q, k, v, scale = self.queries_keys_values(win)
+        bias = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
+        if geom.mask is not None:
+            bias = bias + geom.mask.unsqueeze(1)  # (nW, heads, N, N)
+        out = self.proj(_attend(q, k, v, bias, b, scale, geom.mask is not None,
+                                self.attn_drop if self.training else 0.0))
+        return geom.reverse(self.proj_drop(out), b)
+
+
+class WindowAttention(WindowAttentionBase):
+    """Swin V1 window attention: ``softmax(q k^T / sqrt(d) + B_rel + mask) v`` per window.
+
+    Args:
+        dim (int): channels C. num_heads (int): heads. window_size (int): ws.
+        qkv_bias (bool): bias in the qkv projection. Defaults to True.
+        qk_scale (float | None): attention scale; None means ``head_dim ** -0.5`` (mmdet / mmseg option).
+        attn_drop (float): dropout on the attention probabilities. proj_drop (float): dropout after ``proj``.
+
+    Parameters keep the official names (``qkv``, ``proj``, ``relative_position_bias_table`` of shape
+    ``((2ws-1)^2, heads)``); the index is a cached, non-persistent derived tensor.
+    """
+
+    def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True,
+                 qk_scale: float | None = None, attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__(num_heads, window_size, attn_drop=attn_drop, proj_drop=proj_drop)
+        self.scale = qk_scale or (dim // num_heads)**-0.5
+        self.relative_position_bias_table = nn.Parameter(torch.zeros((2 * window_size - 1)**2, num_heads))
+        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+        nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
+
+    def queries_keys_values(self, win: torch.Tensor):
+        q, k, v = _split_heads(self.qkv(win), self.num_heads)
+        return q, k, v, self.scale
+
+    def position_bias(self, ws: int | None = None) -> torch.Tensor:
+        """Gathered from the learnt table; a window smaller than the configured one reads the table's centre."""
+        ws = ws or self.window_size
+        idx = relative_position_index(ws, self.relative_position_bias_table.device, self.window_size)
+        return self.relative_position_bias_table[idx.view(-1)].view(ws * ws, ws * ws, -1).permute(2, 0, 1)
+
+
+class WindowAttentionV2(WindowAttentionBase):
+    """Swin V2 window attention: scaled cosine attention with log-spaced continuous position bias.
+
+    ``attn = cos(q, k) * exp(min(logit_scale, log 100)) + 16 * sigmoid(cpb_mlp(coords))[index] + mask``.
+    q and v have separate biases (k has none). Parameters keep the official names.
+
+    Args:
+        pretrained_window_size (int): window the weights were trained with; coordinates are normalised by it.
+            0 means the window actually used (``window_size``, or the smaller window of a small map; see
+            :func:`coordinate_window`).
+        attn_drop (float): dropout on the attention probabilities. proj_drop (float): dropout after ``proj``.
+    """
+
+    def __init__(self, dim: int, num_heads: int, window_size: int, qkv_bias: bool = True,
+                 pretrained_window_size: int = 0, attn_drop: float = 0.0, proj_drop: float = 0.0):
+        super().__init__(num_heads, window_size, attn_drop=attn_drop, proj_drop=proj_drop)
+        self.pretrained_window_size = pretrained_window_size
+        self.logit_scale = nn.Parameter(torch.log(10 * torch.ones(num_heads, 1, 1)))
+        self.cpb_mlp = nn.Sequential(nn.Linear(2, 512, bias=True), nn.ReLU(inplace=True),
+                                     nn.Linear(512, num_heads, bias=False))
+        self.qkv = nn.Linear(dim, dim * 3, bias=False)
+        if qkv_bias:
+            self.q_bias = nn.Parameter(torch.zeros(dim))
+            self.v_bias = nn.Parameter(torch.zeros(dim))
+        else:
+            self.q_bias = self.v_bias = None
+        self.proj = nn.Linear(dim, dim)
+        self.register_buffer('relative_coords_table', self._coords(window_size), persistent=False)
+
+    def _coords(self, ws: int) -> torch.Tensor:
+        return log_spaced_coords(ws, coordinate_window(self.pretrained_window_size, ws))
+
+    def queries_keys_values(self, win: torch.Tensor):
+        """Cosine attention: unit-norm q (times the clamped per-head logit scale) and k; SDPA then runs with
+        ``scale=1``."""
+        bias = None
+        if self.q_bias is not None:
+            bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias), self.v_bias))
+        q, k, v = _split_heads(F.linear(win, self.qkv.weight, bias), self.num_heads)
+        scale = torch.exp(torch.clamp(self.logit_scale, max=math.log(100.0)))  # (heads, 1, 1): at most 100
+        # fp16: normalised in fp32 (a zero padding token's norm is 0, and fp16 has no 1e-12 epsilon)
+        return fp32_normalize(q, scale=scale), fp32_normalize(k), v, 1.0
+
+    def position_bias(self, ws: int | None = None) -> torch.Tensor:
+        """From the CPB MLP; a smaller window on a small map (``pad_small_map=False``) gets its own coordinates,
+        as the official code builds them."""
+        ws = ws or self.window_size
+        if ws == self.window_size:
+            coords = self.relative_coords_table
+        else:
+            coords = self._coords(ws).to(self.relative_coords_table)
+        idx = relative_position_index(ws, coords.device).view(-1)
+        if torch.compiler.is_compiling() and torch.is_grad_enabled():
+            # Compiled training: the MLP runs on the gathered coordinates ((ws^2)^2 rows instead of (2ws-1)^2; the
+            # same values, row by row), so the backward holds no scatter-add over the repeated indices. Inductor's
+            # CPU code for that scatter-add loses updates on several threads (torch 2.13: the CPB gradients of
+            # every padded stage 80-150% off on 2 threads, exact on 1; tests/models/test_precision.py).
+            rows = self.cpb_mlp(coords.view(-1, 2)[idx])
+        else:
+            rows = self.cpb_mlp(coords).view(-1, self.num_heads)[idx]
+        return 16 * torch.sigmoid(rows.view(ws * ws, ws * ws, -1).permute(2, 0, 1))

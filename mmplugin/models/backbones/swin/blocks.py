@@ -1,0 +1,119 @@
+"""The building blocks of Swin V1 and V2 on ``(B, H, W, C)`` maps: MLP, (shifted-)window block, patch merging and
+stage. Parameter names are the official ones (``blocks.{j}.attn.qkv``, ``downsample.reduction`` ...)."""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mmplugin.models.backbones.swin.attention import WindowAttention, WindowAttentionV2
+from mmplugin.models.backbones.swin.windows import WindowGeometry, must_pad, padded_size
+from mmplugin.models.layers.drop import DropPath
+
+__all__ = ['Mlp', 'SwinBlock', 'PatchMerging', 'SwinStage']
+
+
+class Mlp(nn.Module):
+    """``drop(fc2(drop(GELU(fc1(x)))))`` on the last dim (dropout as in the official code and mmdet's FFN)."""
+
+    def __init__(self, dim: int, hidden: int, drop: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(F.gelu(self.fc1(x)))))
+
+
+class SwinBlock(nn.Module):
+    """One (shifted-)window transformer block on ``(B, H, W, C)`` maps; whether its windows are shifted is the
+    :class:`WindowGeometry` its stage hands it.
+
+    V1 (pre-norm): ``x + attn(norm1(x))``, ``x + mlp(norm2(x))``.
+    V2 (res-post-norm): ``x + norm1(attn(x))``, ``x + norm2(mlp(x))``.
+    """
+
+    def __init__(self, dim: int, num_heads: int, window_size: int, *, mlp_ratio: float, qkv_bias: bool,
+                 drop_path: float, v2: bool, pretrained_window_size: int = 0, qk_scale: float | None = None,
+                 drop: float = 0.0, attn_drop: float = 0.0):
+        super().__init__()
+        self.v2 = v2
+        self.norm1 = nn.LayerNorm(dim)
+        if v2:
+            self.attn = WindowAttentionV2(dim, num_heads, window_size, qkv_bias=qkv_bias,
+                                          pretrained_window_size=pretrained_window_size, attn_drop=attn_drop,
+                                          proj_drop=drop)
+        else:
+            self.attn = WindowAttention(dim, num_heads, window_size, qkv_bias=qkv_bias, qk_scale=qk_scale,
+                                        attn_drop=attn_drop, proj_drop=drop)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), drop)
+        self.drop_path = DropPath(drop_path)
+
+    def forward(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor:
+        if self.v2:
+            x = x + self.drop_path(self.norm1(self.attn(x, geom)))
+            return x + self.drop_path(self.norm2(self.mlp(x)))
+        x = x + self.drop_path(self.attn(self.norm1(x), geom))
+        return x + self.drop_path(self.mlp(self.norm2(x)))
+
+
+class PatchMerging(nn.Module):
+    """2x2 neighbourhood concat in the official channel order ``[(0,0), (1,0), (0,1), (1,1)]`` (row, col), then
+    ``norm(4C) -> reduction`` (V1) or ``reduction -> norm(2C)`` (V2). Odd maps are padded bottom/right."""
+
+    def __init__(self, dim: int, post_norm: bool, norm: bool = True):
+        super().__init__()
+        self.post_norm = post_norm
+        self.reduction = nn.Linear(4 * dim, 2 * dim, bias=False)
+        self.norm = nn.LayerNorm(2 * dim if post_norm else 4 * dim) if norm else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, h, w, c = x.shape
+        if must_pad(h, w, 2):
+            hp, wp = padded_size(h, 2), padded_size(w, 2)
+            x = F.pad(x, (0, 0, 0, wp - w, 0, hp - h))
+            h, w = hp, wp
+        # (B, H/2, row, W/2, col, C) -> (B, H/2, W/2, col, row, C): channel block index = 2*col + row
+        x = x.view(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).reshape(b, h // 2, w // 2, 4 * c)
+        if self.post_norm:
+            return self.norm(self.reduction(x))
+        return self.reduction(self.norm(x))
+
+
+class SwinStage(nn.Module):
+    """``depth`` blocks alternating regular and shifted windows (odd blocks shifted), then an optional PatchMerging.
+
+    The window geometry (padding, gather indices, shift mask) is computed once per stage and forward.
+    """
+
+    def __init__(self, dim: int, depth: int, num_heads: int, window_size: int, *, mlp_ratio: float, qkv_bias: bool,
+                 dprs: Sequence[float], downsample: bool, v2: bool, pretrained_window_size: int,
+                 pad_small_map: bool = True, merge_norm: bool = True, **block_kwargs):
+        super().__init__()
+        self.window_size, self.pad_small_map = window_size, pad_small_map
+        self.blocks = nn.ModuleList([
+            SwinBlock(dim, num_heads, window_size, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, drop_path=dprs[j], v2=v2,
+                      pretrained_window_size=pretrained_window_size, **block_kwargs) for j in range(depth)
+        ])
+        self.downsample = PatchMerging(dim, post_norm=v2, norm=merge_norm) if downsample else None
+
+    def forward(self, x: torch.Tensor, run_block=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: ``(B, H, W, C)``. Returns the stage output and the merged map for the next stage (or None).
+
+        ``run_block(block, x, geometry)`` calls a block (the backbone's, which adds gradient checkpointing).
+        """
+        _, h, w, _ = x.shape
+        ws, shift = self.window_size, self.window_size // 2
+        if not self.pad_small_map and min(h, w) <= ws:
+            # official classification code / timm / mmpretrain: the window shrinks to the map, no shift
+            ws, shift = min(h, w), 0
+        geoms = [WindowGeometry(h, w, ws, 0, x.device, x.dtype)]
+        if len(self.blocks) > 1:
+            geoms.append(WindowGeometry(h, w, ws, shift, x.device, x.dtype) if shift else geoms[0])
+        for j, blk in enumerate(self.blocks):
+            x = run_block(blk, x, geoms[j % 2]) if run_block is not None else blk(x, geoms[j % 2])
+        return x, (self.downsample(x) if self.downsample is not None else None)
