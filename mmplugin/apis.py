@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from mmplugin.loading.fit import PART_CHILDREN, checkpoint_fit, load_checkpoint_checked
+from mmplugin.models.wiring import PYRAMID_NECKS, _first_neck
 from mmplugin.utils.errors import ConfigWiringError, PartError
 
 __all__ = ['PartError', 'PART_CHILDREN', 'load_config', 'build_model', 'checkpoint_fit',
@@ -88,18 +89,6 @@ def build_model(cfg, checkpoint: str | None = None, *, strict: bool = True, part
     elif announce_random:
         print('note: no CHECKPOINT given: random weights (export and parity are still checked)')
     return model.eval().to(device=device, dtype=torch.float32)
-
-
-# necks that read every backbone level in order: their in_channels list must equal the backbone's out_channels
-PYRAMID_NECKS = frozenset({'FPN', 'PAFPN', 'ChannelMapper', 'MultiLevelNeck', 'NASFPN', 'NASFCOS_FPN', 'HRFPN', 'RFP',
-                           'FPN_CARAFE', 'CSPNeXtPAFPN', 'YOLOXPAFPN', 'GlobalAttentionNeck', 'SSDNeck'})
-
-
-def _first_neck(model_cfg):
-    neck = model_cfg.get('neck')
-    if isinstance(neck, (list, tuple)):
-        neck = neck[0] if neck else None
-    return neck if isinstance(neck, Mapping) else None
 
 
 def check_model_wiring(cfg, name: str = 'the config') -> None:

@@ -24,7 +24,9 @@ import subprocess
 import sys
 import zipfile
 
-MMCV_VERSION = '2.1.0'
+# the stack's mmcv distribution and version (tools/setup_env.sh sets both for MMPLUGIN_STACK=onedl: onedl-mmcv 2.3.6)
+MMCV_DIST = os.environ.get('MMPLUGIN_MMCV_DIST', 'mmcv')
+MMCV_VERSION = os.environ.get('MMPLUGIN_MMCV_VERSION', '2.1.0')
 # Shared libraries that only a CUDA build of mmcv's extension links against (names kept in the ELF / PE file).
 _CUDA_MARKERS = (b'libcudart', b'libc10_cuda', b'libtorch_cuda', b'cudart64_')
 
@@ -54,7 +56,7 @@ def pick_wheel(need: str, folders: list[str], log=None) -> str | None:
     script (one folder per torch version, whatever the ops) are checked the same way.
     """
     for folder in folders:
-        for whl in sorted(glob.glob(osp.join(folder, f'mmcv-{MMCV_VERSION}-*.whl'))):
+        for whl in sorted(glob.glob(osp.join(folder, f"{MMCV_DIST.replace('-', '_')}-{MMCV_VERSION}-*.whl"))):
             ops = wheel_ops(whl)
             if ops == 'cuda' or (ops == 'cpu' and need == 'cpu'):
                 return whl
@@ -133,7 +135,7 @@ def verify() -> str | None:
     except Exception as err:  # noqa: BLE001  any import failure means the ops are unusable
         return f'mmcv ops do not import: {type(err).__name__}: {err}'
     if mmcv.__version__ != MMCV_VERSION:
-        return f'mmcv {mmcv.__version__} is installed, {MMCV_VERSION} is needed'
+        return f'mmcv {mmcv.__version__} is installed, {MMCV_DIST} {MMCV_VERSION} is needed'
     devices = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
     for dev in devices:
         try:

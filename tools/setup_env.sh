@@ -3,6 +3,9 @@
 # mmplugin (editable). Idempotent: when nothing changed since the last successful run it only verifies imports.
 #
 # Environment:
+#   MMPLUGIN_STACK    openmmlab (default: mmengine, mmcv, mmdet, mmsegmentation in .venv) or onedl (the maintained
+#                     onedl-* forks, same import names, in .venv-onedl); the exact versions are the constraints file
+#                     requirements/<stack>.txt, the plugin's metadata names only tested ranges (extras)
 #   PYTHON            interpreter for a new venv (default: python3.11 if present, else python3)
 #   MMPLUGIN_CACHE    where built mmcv wheels are kept (default: ~/.cache/mmplugin)
 #   MAX_JOBS          parallel compile jobs for mmcv (default: all cores)
@@ -16,21 +19,31 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="$ROOT/.venv"
+STACK="${MMPLUGIN_STACK:-openmmlab}"
+case "$STACK" in
+  openmmlab) VENV="$ROOT/.venv" ;;
+  onedl) VENV="$ROOT/.venv-onedl" ;;
+  *) printf '[setup] ERROR: MMPLUGIN_STACK must be openmmlab or onedl, got %s\n' "$STACK" >&2; exit 1 ;;
+esac
+CONSTRAINTS="$ROOT/requirements/$STACK.txt"
 CACHE="${MMPLUGIN_CACHE:-$HOME/.cache/mmplugin}"
-MMCV_VERSION=2.1.0
+pin() { sed -n "s/^$1==//p" "$CONSTRAINTS"; }  # the tested version of a distribution
+MMENGINE_DIST="$([ "$STACK" = onedl ] && echo onedl-mmengine || echo mmengine)"
+MMCV_DIST="$([ "$STACK" = onedl ] && echo onedl-mmcv || echo mmcv)"
+MMCV_VERSION="$(pin "$MMCV_DIST")"
+export MMPLUGIN_MMCV_DIST="$MMCV_DIST" MMPLUGIN_MMCV_VERSION="$MMCV_VERSION"  # read by tools/mmcv_ops.py
 STAMP="$VENV/.mmplugin-setup"
 
 say() { printf '[setup] %s\n' "$*"; }
 die() { printf '[setup] ERROR: %s\n' "$*" >&2; exit 1; }
 
 # What the stamp covers: this script and the dependency list.
-want_stamp="$(cat "$ROOT/tools/setup_env.sh" "$ROOT/tools/mmcv_ops.py" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)"
+want_stamp="$(cat "$ROOT/tools/setup_env.sh" "$ROOT/tools/mmcv_ops.py" "$ROOT/pyproject.toml" "$CONSTRAINTS" | sha256sum | cut -d' ' -f1)"
 VPY="$VENV/bin/python"
 
 if [ -x "$VPY" ] && [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want_stamp" ]; then
   if "$VPY" -c "import mmplugin, mmcv.ops, mmdet, mmseg" 2>/dev/null && "$VPY" "$ROOT/tools/mmcv_ops.py" verify; then
-    say "environment up to date ($VENV)"
+    say "environment up to date ($VENV, $STACK stack)"
     exit 0
   fi
   say "stamp present but imports or mmcv's ops (on a visible GPU too) fail: repairing"
@@ -74,7 +87,8 @@ TORCH_VERSION="$("$VPY" -c 'import torch; print(torch.__version__)')"
 PYTAG="$("$VPY" -c 'import sys; print("cp%d%d" % sys.version_info[:2])')"
 
 # ---------------------------------------------------------------- mmcv with ops
-"${PIP[@]}" install -q numpy ninja 'mmengine==0.10.7' addict yapf packaging pyyaml pillow opencv-python-headless
+"${PIP[@]}" install -q -c "$CONSTRAINTS" numpy ninja "$MMENGINE_DIST" addict yapf packaging pyyaml pillow \
+  opencv-python-headless
 
 # NMS and RoIAlign on CPU tensors, and on CUDA tensors when a GPU is visible (prints the reason when they fail).
 mmcv_ok() { "$VPY" "$ROOT/tools/mmcv_ops.py" verify; }
@@ -91,9 +105,10 @@ else
   fi
   if "$VPY" -c "import mmcv" 2>/dev/null; then
     say "installed mmcv lacks compiled ops or is not $MMCV_VERSION: reinstalling"
-    "${PIP[@]}" uninstall -y -q mmcv || true
+    "${PIP[@]}" uninstall -y -q "$MMCV_DIST" || true
   fi
   WHEELS="$CACHE/wheels/torch-$TORCH_VERSION-$PYTAG"  # + -cudaops / -cpuops; the bare name is the old layout
+  [ "$STACK" = openmmlab ] || WHEELS="$WHEELS-$STACK"
   whl="$("$VPY" "$ROOT/tools/mmcv_ops.py" pick-wheel "$OPS" "$WHEELS-cudaops" "$WHEELS-cpuops" "$WHEELS")"
   if [ -z "$whl" ]; then
     command -v g++ >/dev/null 2>&1 || die "mmcv $MMCV_VERSION must be compiled (no prebuilt wheel for torch $TORCH_VERSION) and no C++ compiler was found; install one (Debian/Ubuntu: apt install build-essential python3-dev)"
@@ -108,9 +123,9 @@ else
     ticker=$!
     trap 'kill $ticker 2>/dev/null || true' EXIT
     MMCV_WITH_OPS=1 MAX_JOBS="$jobs" "${PIP[@]}" wheel -q --no-build-isolation --no-deps -w "$STAGE" \
-      "mmcv==$MMCV_VERSION" || die "mmcv build failed (see the compiler output above)"
+      "$MMCV_DIST==$MMCV_VERSION" || die "$MMCV_DIST build failed (see the compiler output above)"
     kill $ticker 2>/dev/null || true
-    built="$(ls "$STAGE"/mmcv-$MMCV_VERSION-*.whl | head -n1)"
+    built="$(ls "$STAGE"/"${MMCV_DIST//-/_}"-$MMCV_VERSION-*.whl | head -n1)"
     built_ops="$("$VPY" "$ROOT/tools/mmcv_ops.py" wheel-ops "$built")"
     if [ "$OPS" = cuda ] && [ "$built_ops" != cuda ]; then
       die "mmcv was built without CUDA ops although they are needed (check nvcc and CUDA_HOME; build log above)"
@@ -123,23 +138,28 @@ else
     say "reusing cached $(basename "$whl")"
   fi
   "${PIP[@]}" install -q --no-deps "$whl"
-  "${PIP[@]}" install -q addict mmengine yapf packaging pillow pyyaml
+  "${PIP[@]}" install -q -c "$CONSTRAINTS" addict "$MMENGINE_DIST" yapf packaging pillow pyyaml
   mmcv_ok || die "mmcv installed but its compiled ops do not work (rebuild: rm -r $(dirname "$whl"))"
 fi
 
 # ---------------------------------------------------------------- mmdet, mmseg, mmplugin
-say "installing mmdet, mmsegmentation and mmplugin (editable, with test extras)"
-if ! PYTHONWARNINGS=ignore "${PIP[@]}" install -q --no-build-isolation -e "$ROOT[tests]" > "$VENV/.pip-install.log" 2>&1; then
+say "installing the $STACK stack's mmdet and mmsegmentation, and mmplugin (editable, with test extras)"
+if ! PYTHONWARNINGS=ignore "${PIP[@]}" install -q --no-build-isolation -c "$CONSTRAINTS" -e "$ROOT[tests,$STACK]" \
+    > "$VENV/.pip-install.log" 2>&1; then
   cat "$VENV/.pip-install.log" >&2
   die "installing mmdet / mmsegmentation / mmplugin failed (full log above)"
 fi
 # mmdeploy 1.3.1 without its pins (protobuf<=3.20.2, onnx==1.17 clash with onnxruntime; the export path
 # in mmplugin.export.mmdeploy needs none of them): tools/export_mmdeploy.py and its parity test
-"${PIP[@]}" install -q --no-deps 'mmdeploy==1.3.1' || \
-  say "warning: installing mmdeploy 1.3.1 (--no-deps) failed: tools/export_mmdeploy.py and its test are unavailable"
-# ExecuTorch + XNNPACK (the edge extra's runtime; tests/export/test_edge_export.py), with the installed torch held fixed
-echo "torch==$TORCH_VERSION" > "$VENV/.torch-constraint.txt"
-"${PIP[@]}" install -q -c "$VENV/.torch-constraint.txt" 'executorch==1.5.1' 'torchao==0.18.0' || \
-  say "warning: installing executorch 1.5.1 failed: the ExecuTorch export and its tests are unavailable (skipped)"
+# (the original stack only: mmdeploy 1.3.1 targets it; the fork tier of the suite skips its test)
+if [ "$STACK" = openmmlab ]; then
+  "${PIP[@]}" install -q --no-deps 'mmdeploy==1.3.1' || \
+    say "warning: installing mmdeploy 1.3.1 (--no-deps) failed: tools/export_mmdeploy.py and its test are unavailable"
+  # ExecuTorch + XNNPACK (the edge extra's runtime; tests/export/test_edge_export.py), with torch held fixed
+  echo "torch==$TORCH_VERSION" > "$VENV/.torch-constraint.txt"
+  "${PIP[@]}" install -q -c "$VENV/.torch-constraint.txt" 'executorch==1.5.1' 'torchao==0.18.0' || \
+    say "warning: installing executorch 1.5.1 failed: the ExecuTorch export and its tests are unavailable (skipped)"
+fi
 "$VPY" -c "import mmplugin, mmcv.ops, mmdet, mmseg; print('[setup] ok: mmplugin', mmplugin.__version__, '| mmcv', __import__('mmcv').__version__, '| mmdet', mmdet.__version__, '| mmseg', mmseg.__version__, '| torch', __import__('torch').__version__)"
+say "stack: $("$VPY" "$ROOT/mmplugin/utils/stack.py")"
 echo "$want_stamp" > "$STAMP"
