@@ -24,9 +24,23 @@ import subprocess
 import sys
 import zipfile
 
-# the stack's mmcv distribution and version (tools/setup_env.sh sets both for MMPLUGIN_STACK=onedl: onedl-mmcv 2.3.6)
-MMCV_DIST = os.environ.get('MMPLUGIN_MMCV_DIST', 'mmcv')
-MMCV_VERSION = os.environ.get('MMPLUGIN_MMCV_VERSION', '2.1.0')
+# the stack's mmcv distribution (MMPLUGIN_STACK: openmmlab -> mmcv, onedl -> onedl-mmcv) and its tested version, read
+# from the stack's constraints file (requirements/<stack>.txt), the one place that names it
+STACK = os.environ.get('MMPLUGIN_STACK', 'openmmlab')
+MMCV_DIST = 'onedl-mmcv' if STACK == 'onedl' else 'mmcv'
+
+
+def _pinned(dist: str) -> str:
+    path = osp.join(osp.dirname(osp.abspath(__file__)), '..', 'requirements', f'{STACK}.txt')
+    with open(path) as f:
+        for line in f:
+            name, _, version = line.strip().partition('==')
+            if name == dist:
+                return version
+    raise SystemExit(f'{path} does not pin {dist}')
+
+
+MMCV_VERSION = _pinned(MMCV_DIST)
 # Shared libraries that only a CUDA build of mmcv's extension links against (names kept in the ELF / PE file).
 _CUDA_MARKERS = (b'libcudart', b'libc10_cuda', b'libtorch_cuda', b'cudart64_')
 

@@ -12,13 +12,18 @@
 #
 # --quick (first argument): the working tier, a slice of every area in ~5 minutes on 2 cores: no `slow` tests, one
 # instance of each `heavy` family of checks, one kernel family. CI runs the whole suite (no argument).
+#
+# MMPLUGIN_STACK=onedl runs in .venv-onedl, the maintained onedl-* forks of mmengine / mmcv / mmdet / mmseg
+# (tools/setup_env.sh builds it); CI runs the quick tier there too.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 QUICK=0
 if [ "${1:-}" = "--quick" ]; then QUICK=1; shift; fi
 bash "$ROOT/tools/setup_env.sh"
 cd "$ROOT"
-PY="$ROOT/.venv/bin/python"
+VENV="$ROOT/.venv"
+[ "${MMPLUGIN_STACK:-openmmlab}" = onedl ] && VENV="$ROOT/.venv-onedl"
+PY="$VENV/bin/python"
 PYTEST=("$PY" -m pytest -q -p no:cacheprovider --durations=15)  # the slowest tests: the suite has a 25-minute budget
 workers="${MMPLUGIN_TEST_WORKERS:-$(nproc 2>/dev/null || echo 1)}"
 [ "$workers" -le 4 ] || workers=4
@@ -30,10 +35,10 @@ CPU=("$PY" "$ROOT/mmplugin/utils/cpu.py")  # standalone: no package import
 family() { env "$@" "${CPU[@]}" --family; }
 
 if [ "$QUICK" = 1 ]; then
-  echo "[tests] quick tier on: $("${CPU[@]}")"
+  echo "[tests] quick tier on: $("${CPU[@]}"); stack: $("$PY" "$ROOT/mmplugin/utils/stack.py")"
   exec "${PYTEST[@]}" -m 'not slow and not heavy' tests "$@"
 fi
-echo "[tests] all tests on: $("${CPU[@]}")"
+echo "[tests] all tests on: $("${CPU[@]}"); stack: $("$PY" "$ROOT/mmplugin/utils/stack.py")"
 "${PYTEST[@]}" tests "$@"
 if [ $# -gt 0 ] || [ "${MMPLUGIN_OLDER_ISAS:-1}" = 0 ]; then
   exit 0

@@ -31,7 +31,7 @@ pin() { sed -n "s/^$1==//p" "$CONSTRAINTS"; }  # the tested version of a distrib
 MMENGINE_DIST="$([ "$STACK" = onedl ] && echo onedl-mmengine || echo mmengine)"
 MMCV_DIST="$([ "$STACK" = onedl ] && echo onedl-mmcv || echo mmcv)"
 MMCV_VERSION="$(pin "$MMCV_DIST")"
-export MMPLUGIN_MMCV_DIST="$MMCV_DIST" MMPLUGIN_MMCV_VERSION="$MMCV_VERSION"  # read by tools/mmcv_ops.py
+export MMPLUGIN_STACK="$STACK"  # tools/mmcv_ops.py reads the same constraints file
 STAMP="$VENV/.mmplugin-setup"
 
 say() { printf '[setup] %s\n' "$*"; }

@@ -177,7 +177,7 @@ def test_hash_suffix_is_checked(server, tmp_path):
     assert load_checkpoint_file(base + good_name)['w'].sum() == 3
     wrong = 'abcdef12' if not digest.startswith('abcdef12') else 'abcdef13'
     files[f'/w-{wrong}.pth'] = body
-    with pytest.raises(CheckpointError, match=f'sha256 starts with {digest[:8]}, the file name says {wrong}'):
+    with pytest.raises(CheckpointError, match=f'sha256 starts with {digest[:8]}, expected {wrong}'):
         load_checkpoint_file(base + f'/w-{wrong}.pth')
     files['/model_20220317-12345678.pth'] = body  # digits only: a date, not a hash, so not checked
     assert load_checkpoint_file(base + '/model_20220317-12345678.pth')['w'].sum() == 3
@@ -221,3 +221,87 @@ def test_concurrent_processes_download_once(server, tmp_path):
         t.join()
     assert len(set(results)) == 1 and hits['/slow/w.pth'] == 1
     assert load_checkpoint_file(results[0])['w'][-1] == 9
+
+
+def test_weights_folder_is_used_by_name_before_any_download(server, tmp_path, monkeypatch):
+    """A file put in $MMPLUGIN_WEIGHTS by hand is used for its URL without a request, checked against the sha256
+    its name carries (or the one given); a file that differs is refused naming it."""
+    base, files, hits = server
+    body = _saved({'w': torch.full((4, ), 7.0)})
+    digest = hashlib.sha256(body).hexdigest()
+    own = tmp_path / 'weights'
+    own.mkdir()
+    monkeypatch.setenv('MMPLUGIN_WEIGHTS', f'{tmp_path / "empty"}{os.pathsep}{own}')
+    (own / f'model-{digest[:8]}.pth').write_bytes(body)
+    url = base + f'/elsewhere/model-{digest[:8]}.pth'  # nothing served there: only the folder can answer
+    assert load_checkpoint_file(url)['w'].sum() == 28
+    assert not hits and _cache(tmp_path) == []
+    (own / 'plain.pth').write_bytes(body)
+    assert download_checkpoint(base + '/plain.pth', sha256=digest) == str(own / 'plain.pth')
+    with pytest.raises(CheckpointError, match=f'plain.pth .*is not the published file.*expected {"0" * 64}'):
+        download_checkpoint(base + '/plain.pth', sha256='0' * 64)
+    files['/full.pth'] = body  # downloaded, the full sha256 is checked the same way
+    with pytest.raises(CheckpointError, match='is corrupt: its sha256 starts with'):
+        download_checkpoint(base + '/full.pth', sha256='f' * 64)
+    assert download_checkpoint(base + '/full.pth', sha256=digest).endswith('full.pth') and hits['/full.pth'] == 2
+
+
+@pytest.fixture
+def https_server(tmp_path, monkeypatch):
+    """An HTTPS server on 127.0.0.1 with a freshly made self-signed certificate (openssl), serving one file."""
+    import shutil
+    import ssl
+    import subprocess
+    if shutil.which('openssl') is None:
+        pytest.skip('needs the openssl command to make a certificate')
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
+    monkeypatch.delenv('MMPLUGIN_WEIGHTS', raising=False)
+    key, cert = tmp_path / 'key.pem', tmp_path / 'cert.pem'
+    subprocess.run(['openssl', 'req', '-x509', '-newkey', 'rsa:2048', '-nodes', '-keyout', str(key), '-out',
+                    str(cert), '-days', '1', '-subj', '/CN=127.0.0.1'], check=True, capture_output=True, timeout=60)
+    body = _saved({'w': torch.ones(2)})
+
+    class Handler(BaseHTTPRequestHandler):
+
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.send_header('Content-Length', str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(str(cert), str(key))
+    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f'https://127.0.0.1:{httpd.server_address[1]}', body
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_tls_failure_is_one_line_naming_url_file_and_folder(https_server, tmp_path):
+    """A certificate that cannot be verified (self-signed) stops the download with one line: the URL, what failed,
+    the file name and where to put it; verification is not switched off (nothing is downloaded or cached)."""
+    base, body = https_server
+    url = base + '/ckpts/swin_tiny_patch4_window7_224.pth'
+    with pytest.raises(CheckpointError) as info:
+        load_checkpoint_file(url)
+    msg = str(info.value)
+    assert '\n' not in msg and url in msg and 'certificate' in msg and 'verification stays on' in msg
+    assert 'swin_tiny_patch4_window7_224.pth' in msg and str(tmp_path / 'torch_home' / 'hub' / 'checkpoints') in msg
+    assert 'MMPLUGIN_WEIGHTS' in msg and _cache(tmp_path) == []
+
+
+def test_refused_connection_names_the_folder(tmp_path, monkeypatch):
+    import socket
+    monkeypatch.setenv('TORCH_HOME', str(tmp_path / 'torch_home'))
+    monkeypatch.setenv('MMPLUGIN_WEIGHTS', str(tmp_path / 'mine'))
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    with pytest.raises(CheckpointError, match=rf'connection was refused; fetch x\.pth .* put it in {tmp_path}/mine'):
+        download_checkpoint(f'http://127.0.0.1:{port}/x.pth')

@@ -48,17 +48,18 @@ def test_setup_plan_decisions():
 
 def test_cpu_only_wheel_not_reused_where_cuda_ops_are_needed(tmp_path):
     ops = _mmcv_ops()
+    wheel = f"{ops.MMCV_DIST.replace('-', '_')}-{ops.MMCV_VERSION}"  # the stack's mmcv (MMPLUGIN_STACK)
     cpu_dir, cuda_dir = tmp_path / 'torch-cp311', tmp_path / 'torch-cp311-cudaops'
     cpu_dir.mkdir()
     cuda_dir.mkdir()
-    cpu = _fake_wheel(cpu_dir / 'mmcv-2.1.0-cp311-cp311-linux_x86_64.whl', b'\x7fELF libtorch_cpu.so libc10.so')
-    lite = _fake_wheel(tmp_path / 'mmcv-2.1.0-py3-none-any.whl', None)
+    cpu = _fake_wheel(cpu_dir / f'{wheel}-cp311-cp311-linux_x86_64.whl', b'\x7fELF libtorch_cpu.so libc10.so')
+    lite = _fake_wheel(tmp_path / f'{wheel}-py3-none-any.whl', None)
     assert ops.wheel_ops(str(cpu)) == 'cpu' and ops.wheel_ops(str(lite)) == 'none'
     refused = []
     assert ops.pick_wheel('cuda', [str(cpu_dir)], log=refused.append) is None
     assert 'CPU-only compiled ops' in refused[0] and 'CUDA ops are needed' in refused[0]
     assert ops.pick_wheel('cpu', [str(cpu_dir)]) == str(cpu)
-    cuda = _fake_wheel(cuda_dir / 'mmcv-2.1.0-cp311-cp311-linux_x86_64.whl',
+    cuda = _fake_wheel(cuda_dir / f'{wheel}-cp311-cp311-linux_x86_64.whl',
                        b'\x7fELF libc10_cuda.so libcudart.so.12 libtorch_cuda.so')
     assert ops.wheel_ops(str(cuda)) == 'cuda'
     assert ops.pick_wheel('cuda', [str(cuda_dir), str(cpu_dir)]) == str(cuda)
