@@ -44,3 +44,9 @@ OPTIM_WRAPPERS = Registry('optim_wrapper', parent=MMENGINE_OPTIM_WRAPPERS, scope
                           locations=['mmplugin.engine'])
 
 __all__ += ['OPTIM_WRAPPERS']
+
+from mmengine.registry import STRATEGIES as MMENGINE_STRATEGIES  # noqa: E402
+
+STRATEGIES = Registry('strategy', parent=MMENGINE_STRATEGIES, scope='mmplugin', locations=['mmplugin.engine.ddp'])
+
+__all__ += ['STRATEGIES']

@@ -28,13 +28,17 @@ _HISTORY_STATISTICS = frozenset({'min', 'max', 'mean', 'current'})
 def _statistics_getattr(obj: Any, name: str) -> Any:
     """Stand-in for ``builtins.getattr`` during weights-only loading.
 
-    mmengine pickles ``HistoryBuffer``'s statistics methods as ``getattr(HistoryBuffer, 'min')``; this resolves
-    exactly those lookups and refuses every other ``getattr`` a checkpoint asks for.
+    mmengine pickles ``HistoryBuffer``'s statistics methods as ``getattr(HistoryBuffer, 'min')``, and a sharded FSDP
+    checkpoint its ShardedTensors' ``getattr(ShardedTensor, 'ProcessGroupState')`` record; this resolves exactly
+    those lookups and refuses every other ``getattr`` a checkpoint asks for.
     """
     from mmengine.logging import HistoryBuffer
     allowed = _HISTORY_STATISTICS | set(getattr(HistoryBuffer, '_statistics_methods', {}))
     if obj is HistoryBuffer and isinstance(name, str) and name in allowed:
         return getattr(obj, name)
+    if name == 'ProcessGroupState' and getattr(obj, '__qualname__', None) == 'ShardedTensor' \
+            and getattr(obj, '__module__', '').startswith('torch.distributed.'):
+        return obj.ProcessGroupState
     raise pickle.UnpicklingError(f'Unsupported global: GLOBAL builtins.getattr on {obj!r}, {name!r}')
 
 
@@ -61,7 +65,29 @@ def safe_globals() -> list:
     dtypes = getattr(np, 'dtypes', None)
     if dtypes is not None:
         allowed += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith('DType')]
+    allowed += _sharded_tensor_types()
     return allowed
+
+
+def _sharded_tensor_types() -> list:
+    """The types a sharded FSDP checkpoint (``iter_N.pth/rank<i>.pth``: ShardedTensors of the parameters and
+    AdamW moments) pickles: torch's own shard metadata records (offsets, sizes, placement strings, a memory-format
+    enum), nothing that runs code of the file's choosing. Empty where torch has no distributed package."""
+    try:
+        from torch.distributed._shard.metadata import ShardMetadata
+        from torch.distributed._shard.sharded_tensor.api import ShardedTensor
+        from torch.distributed._shard.sharded_tensor.metadata import (
+            MEM_FORMAT_ENCODING,
+            ShardedTensorMetadata,
+            TensorProperties,
+        )
+        from torch.distributed._shard.sharded_tensor.shard import Shard
+        from torch.distributed._shard.sharding_spec.chunk_sharding_spec import ChunkShardingSpec
+        from torch.distributed.remote_device import _remote_device
+    except ImportError:
+        return []
+    return [ShardedTensor, ShardedTensor.ProcessGroupState, Shard, ShardMetadata, ShardedTensorMetadata,
+            TensorProperties, MEM_FORMAT_ENCODING, ChunkShardingSpec, _remote_device]
 
 
 _GLOBAL_RE = re.compile(r'GLOBAL ([\w.]+)')

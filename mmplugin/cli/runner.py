@@ -21,6 +21,12 @@ def _problem(path: str) -> str | None:
     truncated, empty or not checkpoints at all. Checks zip CRCs, without unpickling.
     """
     from mmplugin.checkpoint import describe_file
+    if osp.isdir(path):  # a sharded FSDP checkpoint: one complete rank<i>.pth per rank, numbered from 0
+        ranks = sorted(int(m.group(1)) for f in os.listdir(path) if (m := re.fullmatch(r'rank(\d+)\.pth', f)))
+        if not ranks or ranks != list(range(len(ranks))):
+            return f'a folder without rank0.pth .. rankN.pth (found ranks {ranks})'
+        problems = [f'rank{r}.pth: {why}' for r in ranks if (why := _problem(osp.join(path, f'rank{r}.pth')))]
+        return '; '.join(problems) or None
     try:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
@@ -51,14 +57,14 @@ def find_resumable_checkpoint(work_dir: str, skipped: list[str] | None = None) -
             path = f.read().strip()
         if path and not osp.isabs(path):
             path = osp.join(work_dir, osp.basename(path))
-        if path and osp.isfile(path):
+        if path and osp.exists(path):  # a file, or the folder of a sharded FSDP checkpoint
             problem = _problem(path)
             if problem is None:
                 return path
             skipped.append(f'{osp.basename(path)} ({problem})')
             seen.add(osp.abspath(path))
     cands = []
-    for p in glob.glob(osp.join(work_dir, '*.pth')):
+    for p in glob.glob(osp.join(work_dir, '*.pth')):  # files, and folders of sharded FSDP checkpoints
         m = re.match(r'(epoch|iter)_(\d+)\.pth$', osp.basename(p))
         if m:
             cands.append((int(m.group(2)), p))
@@ -74,7 +80,12 @@ def find_resumable_checkpoint(work_dir: str, skipped: list[str] | None = None) -
 
 def _check_resume_path(resume: str) -> None:
     """Fail before any model is built when ``--resume PATH`` cannot be loaded (missing, text, HTML, ...)."""
-    from mmplugin.checkpoint import load_checkpoint_file
+    from mmplugin.checkpoint import CheckpointError, load_checkpoint_file
+    if osp.isdir(resume):  # a sharded FSDP checkpoint: every rank's file must be complete
+        problem = _problem(resume)
+        if problem:
+            raise CheckpointError(f'--resume {resume}: not a complete sharded checkpoint ({problem})')
+        return
     load_checkpoint_file(resume)  # raises CheckpointError (CheckpointNotFoundError for a missing file)
 
 

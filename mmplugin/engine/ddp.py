@@ -11,9 +11,10 @@ import numbers
 import os
 
 import torch
+from mmengine._strategy import FSDPStrategy
 from mmengine.model import MMDistributedDataParallel, MMFullyShardedDataParallel
 
-from mmplugin.registry import MODEL_WRAPPERS
+from mmplugin.registry import MODEL_WRAPPERS, STRATEGIES
 
 #: Seconds a collective (all-reduce, broadcast, barrier) waits for the other ranks before it raises and the process
 #: exits; ``env_cfg.dist_cfg.timeout`` in a config overrides it. Long enough for work that only rank 0 does between
@@ -21,7 +22,7 @@ from mmplugin.registry import MODEL_WRAPPERS
 #: unreachable node ends the job instead of holding every node forever.
 DEFAULT_DIST_TIMEOUT_S = 1800
 
-__all__ = ['CPUDistributedDataParallel', 'CPUFullyShardedDataParallel', 'DEFAULT_DIST_TIMEOUT_S',
+__all__ = ['CPUDistributedDataParallel', 'CPUFullyShardedDataParallel', 'CPUFSDPStrategy', 'DEFAULT_DIST_TIMEOUT_S',
            'dist_timeout', 'setup_cpu_distributed']
 
 
@@ -43,7 +44,28 @@ class CPUFullyShardedDataParallel(MMFullyShardedDataParallel):
     def __init__(self, module, device_id=None, **kwargs):
         if not torch.cuda.is_available():
             device_id = torch.device('cpu')
+        # FSDP's sharded optimizer state is made of ShardedTensors, which take contiguous tensors only: parameters
+        # kept channels-last (SwiftFormer's convolutions) would make every checkpoint save fail. The parameters
+        # are made contiguous here; the activations keep their channels-last layout.
+        with torch.no_grad():
+            for param in module.parameters():
+                if not param.is_contiguous():
+                    param.data = param.data.contiguous()
         super().__init__(module=module, device_id=device_id, **kwargs)
+
+
+@STRATEGIES.register_module()
+class CPUFSDPStrategy(FSDPStrategy):
+    """mmengine's ``FSDPStrategy`` whose resume works: mmengine 0.10.7 passes the optimizer state to
+    ``FSDP.optim_state_dict_to_load`` positionally in torch 2.0's order ``(state, model, optimizer)``, which torch
+    >= 2.1 reads as ``(model, optimizer, state)`` (``TypeError: unhashable type: 'dict'`` on ``--resume``). Passed
+    by keyword here. Selected by :func:`setup_cpu_distributed` for ``strategy=dict(type='FSDPStrategy')``."""
+
+    def load_optim_state_dict(self, state_dict: dict) -> None:
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        optim_state_dict = FSDP.optim_state_dict_to_load(model=self.model, optim=self.optim_wrapper.optimizer,
+                                                         optim_state_dict=state_dict)
+        self.optim_wrapper.load_state_dict(optim_state_dict)
 
 
 def dist_timeout(cfg) -> float:
@@ -66,6 +88,8 @@ def _cpu_wrapper(cfg) -> None:
             if kind == 'DDPStrategy':
                 wrapper.setdefault('broadcast_buffers', False)
             strategy['model_wrapper'] = wrapper
+        if kind == 'FSDPStrategy':
+            strategy['type'] = 'mmplugin.CPUFSDPStrategy'  # resumable (CPUFSDPStrategy)
         cfg.strategy = strategy
         return
     wrapper = cfg.get('model_wrapper_cfg') or {}

@@ -274,7 +274,7 @@ def test_fsdp_through_the_flexible_runner_matches_ddp(tmp_path, tiny_cfg):
     """The tiny config with ``runner_type='FlexibleRunner'``: mmengine's FSDPStrategy (the plugin's CPU FSDP wrapper,
     one FSDP unit per SwiftFormer encoder) logs the losses of its DDPStrategy over the first two iterations (same
     seed, data and initial weights; FSDP's reduce-scatter and DDP's all-reduce average the same gradients).
-    Checkpoints are off: saving an FSDP model on CPU fails in torch (docs/distributed.md)."""
+    Checkpoints are off here (saving and resuming: test_fsdp_run_saves_is_killed_and_resumes_with_the_same_losses)."""
     fsdp, log = _flexible(tmp_path, tiny_cfg, "dict(type='FSDPStrategy', model_wrapper=dict("
                           "auto_wrap_policy=dict(type='mmplugin.block_wrap_policy')))", 'fsdp')
     # the strategy's wrapper, swapped
@@ -283,3 +283,78 @@ def test_fsdp_through_the_flexible_runner_matches_ddp(tmp_path, tiny_cfg):
     assert "type='mmplugin.CPUDistributedDataParallel'" in with_env_dump(log), log[-3000:]
     # the log prints 4 decimals: equal values differ by at most one unit of the last digit after rounding
     assert len(fsdp) == 2 and fsdp == pytest.approx(ddp, abs=1.5e-4), (fsdp, ddp)
+
+
+_FSDP = ("dict(type='FSDPStrategy', model_wrapper=dict(auto_wrap_policy=dict(type='mmplugin.block_wrap_policy')))")
+
+
+def _fsdp_cfg(tmp_path, tiny_cfg, max_iters: int) -> Path:
+    """The tiny config under FSDP, without random layers (dropout, drop path), so that a resumed run replays the
+    same computation: the data order and augmentations come back with the iteration counter, the torch RNG does not."""
+    cfg = tmp_path / f'fsdp_{max_iters}.py'
+    cfg.write_text(f"""
+_base_ = [{str(tiny_cfg)!r}]
+runner_type = 'FlexibleRunner'
+strategy = {_FSDP}
+model = dict(backbone=dict(drop_path_rate=0.0), decode_head=dict(dropout_ratio=0.0))
+train_cfg = dict(max_iters={max_iters})
+""")
+    return cfg
+
+
+def _torchrun(cfg, work, log, *extra):
+    env = {**os.environ, 'PYTHON': PY, 'OMP_NUM_THREADS': '1', 'MASTER_PORT': str(_free_port()),
+           'RDZV_ID': f'fsdp{_free_port()}'}
+    return subprocess.Popen(['bash', str(ROOT / 'tools/dist_train.sh'), str(cfg), '2', '--work-dir', str(work),
+                             *extra], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_fsdp_run_saves_is_killed_and_resumes_with_the_same_losses(tmp_path, tiny_cfg):
+    """FSDP on CPU, 2 processes: a run saves sharded checkpoints (one ``rank<i>.pth`` per rank in ``iter_N.pth/``,
+    parameters and AdamW moments as ShardedTensors, read back weights-only), is SIGKILLed after its iteration-2
+    checkpoint, and ``--resume`` continues from it with the losses of an uninterrupted run of the same config."""
+    with open(tmp_path / 'whole.log', 'w') as log:
+        whole = _torchrun(_fsdp_cfg(tmp_path, tiny_cfg, 4), tmp_path / 'whole', log)
+        assert whole.wait(timeout=300) == 0, (tmp_path / 'whole.log').read_text()[-3000:]
+    reference = _losses((tmp_path / 'whole.log').read_text())
+    assert len(reference) == 4
+    work = tmp_path / 'killed'
+    with open(tmp_path / 'killed.log', 'w') as log:
+        proc = _torchrun(_fsdp_cfg(tmp_path, tiny_cfg, 1000), work, log)
+        try:
+            _wait_for(work / 'iter_4.pth' / 'rank1.pth', [proc], 300)  # iter_2 is complete once iter_4 starts saving
+        finally:
+            _stop([proc])
+    killed = (tmp_path / 'killed.log').read_text()
+    assert (work / 'iter_2.pth' / 'rank0.pth').is_file() and (work / 'iter_2.pth' / 'rank1.pth').is_file(), \
+        killed[-3000:]
+    assert 'Traceback' not in killed, killed[-3000:]
+    with open(tmp_path / 'resumed.log', 'w') as log:
+        resumed = _torchrun(_fsdp_cfg(tmp_path, tiny_cfg, 4), work, log, '--resume', str(work / 'iter_2.pth'))
+        assert resumed.wait(timeout=300) == 0, (tmp_path / 'resumed.log').read_text()[-3000:]
+    text = (tmp_path / 'resumed.log').read_text()
+    assert 'resumed epoch: 0, iter: 2' in text, text[-3000:]
+    assert _losses(text) == reference[2:], (_losses(text), reference)
+
+
+def test_sharded_checkpoint_folders_are_resumable_only_when_complete(tmp_path):
+    """``iter_N.pth/`` folders (sharded FSDP checkpoints) count for ``--resume`` when every ``rank<i>.pth`` from 0
+    is a complete archive; a folder with a missing or truncated rank file is passed over, naming why."""
+    import torch
+
+    from mmplugin.checkpoint import CheckpointError
+    from mmplugin.cli.runner import _check_resume_path, find_resumable_checkpoint
+    for n, ranks in ((2, (0, 1)), (4, (0, 1)), (6, (0, 2))):
+        folder = tmp_path / f'iter_{n}.pth'
+        folder.mkdir()
+        for r in ranks:
+            torch.save({'w': torch.ones(2)}, folder / f'rank{r}.pth')
+    (tmp_path / 'iter_4.pth' / 'rank1.pth').write_bytes((tmp_path / 'iter_4.pth' / 'rank1.pth').read_bytes()[:50])
+    skipped = []
+    assert find_resumable_checkpoint(str(tmp_path), skipped) == str(tmp_path / 'iter_2.pth')
+    assert 'iter_6.pth (a folder without rank0.pth .. rankN.pth (found ranks [0, 2]))' in skipped[0]
+    assert skipped[1].startswith('iter_4.pth (rank1.pth:')
+    _check_resume_path(str(tmp_path / 'iter_2.pth'))
+    with pytest.raises(CheckpointError, match='not a complete sharded checkpoint'):
+        _check_resume_path(str(tmp_path / 'iter_4.pth'))
