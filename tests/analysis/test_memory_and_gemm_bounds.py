@@ -77,6 +77,7 @@ def test_gemm_floor_records_every_linear_shape():
     assert res['peak_gflops'] > 0
 
 
+@pytest.mark.heavy
 def test_gemm_floor_command_line_errors():
     """--help works and a malformed backbone or size is a usage error (exit 2) naming what is expected."""
     cmd = [sys.executable, '-m', 'mmplugin.analysis.gemm_floor']

@@ -126,6 +126,7 @@ def test_backbone_only_file_fits_the_backbone_part_only(backbone_only):
         build_model(DET, str(path))
 
 
+@pytest.mark.heavy
 def test_export_backbone_with_a_backbone_only_file(backbone_only, tmp_path, capsys):
     path, _ = backbone_only
     onnx = tmp_path / 'backbone.onnx'

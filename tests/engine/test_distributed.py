@@ -289,14 +289,18 @@ _FSDP = ("dict(type='FSDPStrategy', model_wrapper=dict(auto_wrap_policy=dict(typ
 
 
 def _fsdp_cfg(tmp_path, tiny_cfg, max_iters: int) -> Path:
-    """The tiny config under FSDP, without random layers (dropout, drop path), so that a resumed run replays the
-    same computation: the data order and augmentations come back with the iteration counter, the torch RNG does not."""
+    """The tiny config under FSDP, without random layers (dropout, drop path) or augmentations (flips), so that a
+    resumed run replays the same computation: the data order comes back with the iteration counter, the RNG states
+    do not (onedl-mmengine even resumes the sampler without loading, so without replaying, the skipped batches)."""
     cfg = tmp_path / f'fsdp_{max_iters}.py'
     cfg.write_text(f"""
 _base_ = [{str(tiny_cfg)!r}]
 runner_type = 'FlexibleRunner'
 strategy = {_FSDP}
 model = dict(backbone=dict(drop_path_rate=0.0), decode_head=dict(dropout_ratio=0.0))
+train_dataloader = dict(dataset=dict(pipeline=[dict(type='LoadImageFromFile'),
+                                               dict(type='LoadAnnotations', reduce_zero_label=False),
+                                               dict(type='PackSegInputs')]))
 train_cfg = dict(max_iters={max_iters})
 """)
     return cfg

@@ -23,7 +23,8 @@ COMPILE_SHAPES = [(2, 3, 96, 128), (1, 3, 97, 260), (3, 3, 33, 45), (1, 3, 230, 
                   (1, 3, 250, 129)]
 
 
-@pytest.mark.parametrize('family', [pytest.param('swin', marks=pytest.mark.heavy), 'swinv2', 'swiftformer'])
+@pytest.mark.parametrize('family', [pytest.param('swin', marks=pytest.mark.heavy),
+                                    pytest.param('swinv2', marks=pytest.mark.heavy), 'swiftformer'])
 def test_compile_fullgraph_dynamic_one_recompile(family):
     """fullgraph=True (a graph break raises), dynamic=True: at most one recompile over six sizes (batch 1 and 3,
     non-divisible sizes), outputs equal to eager. Dynamo's capture is what decides graph breaks and recompiles;

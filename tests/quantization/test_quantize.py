@@ -144,6 +144,7 @@ def test_kept_float_modules_stay_float_in_the_graph():
 
 @needs_ort
 @pytest.mark.numeric
+@pytest.mark.heavy  # the quick tier quantises through onnxruntime in the published-layout tool test
 def test_onnxruntime_int8_close_to_fp32_and_float_nodes_excluded(tmp_path):
     import onnx
 
@@ -194,6 +195,7 @@ def test_tool_rejects_bad_arguments(capsys):
 
 @needs_ort
 @pytest.mark.numeric
+@pytest.mark.heavy  # evaluate_int8 also runs in the published-layout tool test
 def test_metric_path_scores_the_int8_model(tmp_path):
     """evaluate_int8 on a tiny Semantic FPN (random weights, 4 training / 3 validation images of 64 px): the int8
     backbone + neck really produced every scored prediction (3 images through it), both metric dicts come from
