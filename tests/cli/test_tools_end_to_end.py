@@ -136,6 +136,7 @@ def test_get_flops_swiftformer():
         assert abs(rows[arch][1] - gmacs) <= 0.1 * gmacs, (arch, rows[arch])
 
 
+@pytest.mark.heavy
 def test_benchmark_runs_and_plots(tmp_path):
     png = tmp_path / 'bench.png'
     out = run('tools/benchmark.py', 'swiftformer', '--arch', 'xs', '--sizes', '64x64', '96x128', '--rounds', '1',

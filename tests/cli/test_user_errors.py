@@ -169,6 +169,7 @@ def test_benchmark_warns_on_a_loaded_machine(monkeypatch, capsys):
     assert res['sizes']['32x32']['mmplugin'] > 0
 
 
+@pytest.mark.heavy
 def test_peak_memory_runs_in_a_fresh_process():
     """``python -m mmplugin.analysis.memory`` (what ``tools/benchmark.py --memory`` runs per model): the growth of
     the process's peak RSS over a training step; 9x the pixels need more than twice the memory (activations)."""

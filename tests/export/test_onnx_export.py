@@ -232,7 +232,8 @@ def _tiny_two_stage(config: str, seed: int = 0) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize('config', [
-    'swin/swin_t_maskrcnn_1x_coco.py',  # Swin V1: explicit SDPA scale (mmdeploy's own rewriter divides by it)
+    # Swin V1: explicit SDPA scale (mmdeploy's own rewriter divides by it)
+    pytest.param('swin/swin_t_maskrcnn_1x_coco.py', marks=pytest.mark.heavy),
     pytest.param('swiftformer/swiftformer_xs_maskrcnn_1x_coco.py', marks=pytest.mark.slow),
     # class-specific cascade regression
     pytest.param('swin/swin_t_cascade_maskrcnn_3x_coco.py', marks=pytest.mark.slow),

@@ -206,6 +206,7 @@ def _build(cfg):
     return MODELS.build(cfg.model)
 
 
+@pytest.mark.heavy
 def test_every_row_has_both_configs_and_the_swiftformer_recipe():
     names = {p.name for p in COMPARISON}
     assert names == {f'{r}_{t}.py' for r in PAPER for t in ('maskrcnn_1x_coco', 'semfpn_40k_ade20k')}
@@ -278,6 +279,7 @@ def test_official_dense_efficientformer_checkpoint_loads_strictly(task, tmp_path
     _assert_close(model.backbone.eval(), ref, torch.randn(1, 3, 96, 128))
 
 
+@pytest.mark.heavy
 def test_table3_measurement_rows_ratios_and_picture(tmp_path):
     """The comparison command's core on two rows (backbones only): counts from the models, ratios to SwiftFormer-L1
     (1 for itself), the paper's accuracy beside them, and the picture written."""

@@ -113,7 +113,9 @@ def _build(name: str):
     return cfg, model
 
 
-@pytest.fixture(scope='module', params=sorted(PAPER_PARAMS))
+# the quick tier builds and steps Swin-B HTC++; Swin-L (284M parameters) is 'heavy'
+@pytest.fixture(scope='module', params=[pytest.param(n, marks=pytest.mark.heavy) if 'swin_l' in n else n
+                                        for n in sorted(PAPER_PARAMS)])
 def htcpp(request):
     cfg, model = _build(request.param)
     yield request.param, cfg, model
