@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from mmplugin.loading.fit import PART_CHILDREN, checkpoint_fit, load_checkpoint_checked
-from mmplugin.models.wiring import PYRAMID_NECKS, _first_neck
+from mmplugin.models.wiring import PYRAMID_NECKS, _first_neck, backbone_out_channels
 from mmplugin.utils.errors import ConfigWiringError, PartError
 
 __all__ = ['PartError', 'PART_CHILDREN', 'load_config', 'build_model', 'checkpoint_fit',
@@ -122,18 +122,11 @@ def check_model_wiring(cfg, name: str = 'the config') -> None:
     else:
         return
     init_default_scope(cfg.get('default_scope', 'mmdet'))
-    backbone_cfg = copy.deepcopy(dict(backbone_cfg))
-    backbone_cfg.pop('init_cfg', None)
-    backbone_cfg.pop('pretrained', None)
     try:
-        with torch.device('meta'):
-            backbone = MODELS.build(backbone_cfg).eval()
-            outs = backbone(torch.empty(1, backbone_cfg.get('in_channels', 3), 64, 64))
-        outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
-        got = [int(o.shape[1]) for o in outs]
+        got = backbone_out_channels(backbone_cfg, MODELS)  # built on the meta device and run once
         if index is not None:
             got = [got[i] for i in index] if isinstance(index, (list, tuple)) else got[index]
-    except Exception:  # noqa: BLE001  (a backbone that does not run on meta, odd outputs: mmdet / mmseg check later)
+    except (ConfigWiringError, IndexError, TypeError):  # not runnable on meta, odd indices: mmdet / mmseg check later
         return
     want_list = [int(c) for c in want] if isinstance(want, (list, tuple)) else int(want)
     if want_list != got:
