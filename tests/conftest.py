@@ -109,6 +109,20 @@ def _build(cfg):
     return MODELS.build(cfg.model)
 
 
+def tiny_detector():
+    """The demo SwiftFormer-XS Mask R-CNN with a smaller backbone and random weights (eval): fast whole-detector
+    checks."""
+    from mmdet.registry import MODELS
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+    cfg = Config.fromfile(str(CONFIGS / 'demo/swiftformer_xs_maskrcnn_shapes.py'))
+    init_default_scope('mmdet')
+    cfg.model.backbone.arch = dict(depths=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48])
+    cfg.model.neck.in_channels = [16, 24, 32, 48]
+    torch.manual_seed(0)
+    return randomize_(MODELS.build(cfg.model), seed=4).eval()
+
+
 def _det_batch(model, size=96):
     from mmdet.structures import DetDataSample
     from mmdet.structures.mask import BitmapMasks

@@ -20,7 +20,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-__all__ = ['linear_shapes', 'gemm_floor']
+__all__ = ['KERNELS', 'linear_shapes', 'gemm_call', 'gemm_calls', 'gemm_seconds', 'gemm_floor']
 
 
 class _GemmShapes(torch.overrides.TorchFunctionMode):
@@ -57,11 +57,43 @@ def linear_shapes(model: torch.nn.Module, x: torch.Tensor) -> collections.Counte
     return mode.shapes
 
 
-def gemm_floor(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype = torch.float32, repeats: int = 5) -> dict:
-    """Time every linear shape of ``model`` (weights and input cast to ``dtype``) alone.
+KERNELS = ('mkl', 'onednn')
 
-    Returns ``dict(shapes=[(M, K, N, calls, seconds)], gflop, seconds, gflops, peak_gflops, model_gflop)``:
-    ``seconds`` the sum over calls, ``peak_gflops`` the matmul peak in ``dtype``
+
+def gemm_call(m: int, k: int, n: int, dtype: torch.dtype, kernel: str):
+    """A zero-argument ``(m, k) x (k, n) + bias`` product on random operands through ``kernel``: ``'mkl'`` is
+    ``F.linear`` (torch's BLAS for fp32, MKL in the x86 wheels), ``'onednn'`` oneDNN's own linear
+    (``torch.ops.mkldnn._linear_pointwise``). On AMD CPUs MKL's fp32 GEMM can run at half oneDNN's, so the floor
+    counts the faster of the two at every shape."""
+    a, w, b = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(n, dtype=dtype)
+    if kernel == 'mkl':
+        return lambda: F.linear(a, w, b)
+    if kernel == 'onednn':
+        return lambda: torch.ops.mkldnn._linear_pointwise(a, w, b, 'none', [], '')
+    raise ValueError(f'kernel must be one of {KERNELS}, got {kernel!r}')
+
+
+def gemm_calls(shapes, dtype: torch.dtype) -> dict:
+    """``{('gemm', (M, K, N), kernel): fn}`` for every shape and kernel: to time in the same interleaved rounds as
+    the model, then :func:`gemm_seconds`."""
+    return {('gemm', shape, kern): gemm_call(*shape, dtype, kern) for shape in shapes for kern in KERNELS}
+
+
+def gemm_seconds(times: dict, shapes: collections.Counter) -> tuple[float, dict]:
+    """The GEMM-only time from :func:`gemm_calls`' timings: sum over shapes of ``calls x`` the faster kernel.
+    Returns ``(seconds, {(M, K, N): (seconds of one call, kernel)})``."""
+    best = {}
+    for shape in shapes:
+        kern = min(KERNELS, key=lambda k: times[('gemm', shape, k)])
+        best[shape] = (times[('gemm', shape, kern)], kern)
+    return sum(best[s][0] * calls for s, calls in shapes.items()), best
+
+
+def gemm_floor(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype = torch.float32, repeats: int = 5) -> dict:
+    """Time every linear shape of ``model`` (weights and input cast to ``dtype``) alone, on its faster kernel.
+
+    Returns ``dict(shapes=[(M, K, N, calls, seconds, kernel)], gflop, seconds, gflops, peak_gflops, model_gflop)``:
+    ``seconds`` the sum over calls, ``peak_gflops`` the 4096 product in ``dtype`` on its faster kernel
     (:func:`mmplugin.utils.timing.matmul_peak_call`), all timed in the same interleaved rounds (medians of
     ``repeats``); ``model_gflop`` the whole forward's work (:func:`mmplugin.analysis.complexity.flop_analyzer`,
     2 FLOP per MAC).
@@ -71,20 +103,16 @@ def gemm_floor(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype = tor
     model = model.to(dtype).eval()
     with torch.no_grad():
         model_flop = 2 * flop_analyzer(model, x.to(dtype)).total()
-    shapes = sorted(linear_shapes(model, x.to(dtype)).items())
-
-    def linear(m, k, n):
-        a, w, b = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(n, dtype=dtype)
-        return lambda: F.linear(a, w, b)
-
-    fns = {shape: linear(*shape) for shape, _ in shapes}
-    fns['matmul'], peak_gflop = matmul_peak_call(dtype)
+    shapes = linear_shapes(model, x.to(dtype))
+    fns = gemm_calls(shapes, dtype)
+    for kern in KERNELS:
+        fns[('matmul', kern)], peak_gflop = matmul_peak_call(dtype, kern)
     with torch.inference_mode():
         times = interleaved(fns, repeats)
-    rows = [(m, k, n, calls, times[(m, k, n)]) for (m, k, n), calls in shapes]
-    flop = sum(2 * m * k * n * calls for m, k, n, calls, _ in rows)
-    total = sum(sec * calls for *_, calls, sec in rows)
-    peak = peak_gflop / times['matmul']
+    total, best = gemm_seconds(times, shapes)
+    rows = [(m, k, n, calls, *best[(m, k, n)]) for (m, k, n), calls in sorted(shapes.items())]
+    flop = sum(2 * m * k * n * calls for m, k, n, calls, *_ in rows)
+    peak = peak_gflop / min(times[('matmul', kern)] for kern in KERNELS)
     return dict(shapes=rows, gflop=flop / 1e9, seconds=total, gflops=flop / total / 1e9, peak_gflops=peak,
                 model_gflop=model_flop / 1e9)
 
@@ -114,8 +142,8 @@ def _main(argv) -> None:
     res = gemm_floor(get_family(family)(arch), torch.randn(1, 3, *hw), dtype)
     print(f'CPU: {cpu_model()}; {torch.get_num_threads()} threads; {args.backbone} {args.size} {args.precision}; '
           f'python -m mmplugin.analysis.gemm_floor {args.backbone} {args.size} {args.precision}')
-    for m, k, n, calls, sec in res['shapes']:
-        print(f'M={m} K={k} N={n} x{calls}: {sec * 1e3:.2f} ms, {2 * m * k * n / sec / 1e9:.0f} GFLOP/s')
+    for m, k, n, calls, sec, kern in res['shapes']:
+        print(f'M={m} K={k} N={n} x{calls}: {sec * 1e3:.2f} ms, {2 * m * k * n / sec / 1e9:.0f} GFLOP/s ({kern})')
     print(f"GEMMs: {res['gflop']:.1f} GFLOP ({res['gflop'] / res['model_gflop']:.0%} of the forward's "
           f"{res['model_gflop']:.1f}) in {res['seconds'] * 1e3:.0f} ms = {res['gflops']:.0f} GFLOP/s; "
           f"4096x4096 product {res['peak_gflops']:.0f} GFLOP/s ({res['gflops'] / res['peak_gflops']:.0%}); "

@@ -13,7 +13,7 @@ import torch
 
 from mmplugin.utils.timing import interleaved, matmul_peak_call
 
-__all__ = ['cpu_description', 'backbone_rows', 'whole_model_rows']
+__all__ = ['cpu_description', 'backbone_rows', 'training_rows', 'whole_model_rows']
 
 
 def cpu_description() -> str:
@@ -30,14 +30,19 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
     """Timed rows of backbone ``family``/``arch`` at ``size`` (batch 1, eval, random weights).
 
     Args:
-        runtimes: any of ``'eager'``, ``'onnxruntime'``, ``'openvino'`` (ONNX export into ``workdir``).
-        bf16: also time eager bf16 autocast rows.
+        runtimes: any of ``'eager'``, ``'compiled'`` (``torch.compile``, inductor, frozen weights, the input's static
+            shape), ``'onnxruntime'``, ``'openvino'`` (ONNX export into ``workdir``; bf16 too where native).
+        bf16: also time bf16 rows (eager autocast, compiled autocast, OpenVINO bf16 inference precision).
 
     Returns:
         One dict per (implementation, runtime, precision): ``seconds`` (median), ``gflops`` (2 x the MACs of
         :func:`mmplugin.analysis.complexity.backbone_complexity` per second; None for another network),
         ``ratio`` (speed over the first row), ``rel_err`` (max relative error against the plugin's eager fp32
-        outputs; None for another network), ``model_gflop``, ``peak_gflops`` (the matmul's in that precision).
+        outputs; None for another network), ``model_gflop``, ``peak_gflops`` (the 4096 product's in that
+        precision, on the faster of MKL and oneDNN), ``gemm_ratio`` (seconds over the GEMM-only time in that precision,
+        for the plugin's rows). The first row of each precision named ``GEMMs alone`` is that GEMM-only time: every
+        linear and 1x1 convolution of the plugin's forward timed alone at its shape on its faster kernel
+        (:mod:`mmplugin.analysis.gemm_floor`), in the same rounds.
     """
     from mmplugin import export
     from mmplugin.analysis.complexity import backbone_complexity
@@ -69,6 +74,12 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
         for name, m in peers.items():
             fns[(name, 'eager', 'bf16 autocast')] = eager(m, torch.bfloat16)
         fns[('mmplugin', 'eager', 'bf16 autocast')] = eager(ours, torch.bfloat16)
+    if 'compiled' in runtimes:
+        compiled = _compiled_for(ours, x)
+        fns[('mmplugin', 'compiled', 'fp32')] = eager(compiled)
+        if bf16:
+            fns[('mmplugin', 'compiled', 'bf16 autocast')] = eager(_compiled_for(ours, x, torch.bfloat16),
+                                                                 torch.bfloat16)
     onnx_path = osp.join(workdir, f'{family}_{arch}.onnx')
     if {'onnxruntime', 'openvino'} & set(runtimes):
         t = time.perf_counter()
@@ -86,21 +97,30 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
         except ImportError:
             print('  openvino not installed: no OpenVINO row (pip install openvino)')
         else:
-            compiled = ov.Core().compile_model(onnx_path, 'CPU', {'INFERENCE_PRECISION_HINT': 'f32'})
-
-            def ov_fn():
-                res = compiled({0: x.numpy()})
-                outs[ov_fn] = tuple(torch.from_numpy(res[o]) for o in compiled.outputs)
-            fns[('mmplugin', 'openvino', 'fp32')] = ov_fn
-    # the matmul peak is timed in the same interleaved rounds, so machine noise hits it like the models
-    peak_calls = {p: matmul_peak_call(d)
-                  for p, d in (('fp32', torch.float32), ('bf16 autocast', torch.bfloat16)) if p == 'fp32' or bf16}
-    for p, (fn, _) in peak_calls.items():
-        fns[('matmul', p)] = fn
+            for precision, hint in (('fp32', 'f32'), ('bf16', 'bf16'))[:2 if bf16 else 1]:
+                fns[('mmplugin', 'openvino', precision)] = _openvino_call(ov, onnx_path, x, hint, outs)
+    # the matmul peak and the GEMM-only time are timed in the same interleaved rounds, so machine noise hits them
+    # like the models
+    from mmplugin.analysis.gemm_floor import KERNELS, gemm_calls, gemm_seconds, linear_shapes
+    precisions = {'fp32': torch.float32, **({'bf16 autocast': torch.bfloat16} if bf16 else {})}
+    shapes = linear_shapes(ours, x)
+    peak_gflop = {}
+    for p, d in precisions.items():
+        for kern in KERNELS:
+            fns[('matmul', p, kern)], peak_gflop[p] = matmul_peak_call(d, kern)
+        fns.update({(p, *key): fn for key, fn in gemm_calls(shapes, d).items()})
     times = interleaved(fns, rounds)
-    peaks = {p: gflop / times.pop(('matmul', p)) for p, (_, gflop) in peak_calls.items()}
+    peaks = {p: peak_gflop[p] / min(times.pop(('matmul', p, k)) for k in KERNELS) for p in precisions}
+    gemm = {}
+    for p in precisions:
+        mine = {key[1:]: times.pop(key) for key in list(times) if key[0] == p and key[1] == 'gemm'}
+        gemm[p] = gemm_seconds(mine, shapes)[0]
     baseline = times[next(iter(times))]
     rows = []
+    for p, sec in gemm.items():
+        rows.append(dict(backbone=f'{family} {arch}', impl='GEMMs alone', runtime='faster of MKL / oneDNN',
+                         precision=p, seconds=sec, gflops=None, ratio=baseline / sec, rel_err=None,
+                         model_gflop=flops / 1e9, peak_gflops=peaks[p], gemm_ratio=1.0))
     for key, sec in times.items():
         name, runtime, precision = key
         try:  # peers computing the same function with the same weights get an error too
@@ -108,9 +128,101 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
         except ValueError:  # another network (e.g. a ResNet peer): other shapes
             err = None
         same = err is not None  # another network (other outputs) has other FLOPs: no GFLOP/s for it
+        kind = 'bf16 autocast' if precision.startswith('bf16') else 'fp32'
         rows.append(dict(backbone=f'{family} {arch}', impl=name, runtime=runtime, precision=precision, seconds=sec,
                          gflops=flops / sec / 1e9 if same else None, ratio=baseline / sec, rel_err=err,
-                         model_gflop=flops / 1e9, peak_gflops=peaks.get(precision)))
+                         model_gflop=flops / 1e9, peak_gflops=peaks.get(kind),
+                         gemm_ratio=sec / gemm[kind] if name.startswith('mmplugin') and kind in gemm else None))
+    return rows
+
+
+def _compiled_for(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | None = None):
+    """``model`` compiled by inductor for ``x``'s static shape with frozen weights (constant-folded, oneDNN
+    weight prepacking), warmed up once; a copy, so the eager model is untouched."""
+    import copy
+
+    import torch._inductor.config as inductor_config
+    inductor_config.freezing = True
+    m = torch.compile(copy.deepcopy(model), backend='inductor', dynamic=False)
+    t = time.perf_counter()
+    with torch.no_grad(), torch.autocast('cpu', dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+        m(x)
+    print(f'  compiled ({dtype or torch.float32}) in {time.perf_counter() - t:.0f} s', flush=True)
+    return m
+
+
+def _openvino_call(ov, onnx_path: str, x: torch.Tensor, hint: str, outs: dict):
+    """A zero-argument OpenVINO inference of ``x`` compiled for its static shape in precision ``hint``; stores
+    its outputs in ``outs[fn]``."""
+    core = ov.Core()
+    model = core.read_model(onnx_path)
+    model.reshape({model.inputs[0]: list(x.shape)})
+    compiled = core.compile_model(model, 'CPU', {'INFERENCE_PRECISION_HINT': hint,
+                                                 'INFERENCE_NUM_THREADS': torch.get_num_threads()})
+    arr = x.numpy()
+
+    def fn():
+        res = compiled({0: arr})
+        outs[fn] = tuple(torch.from_numpy(res[o].copy()) for o in compiled.outputs)
+    return fn
+
+
+def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16: bool = False,
+                  memory: bool = True) -> list[dict]:
+    """Backbone training steps (batch 2, forward + backward + AdamW step, train mode) of the plugin and its peers
+    with the same weights (:func:`mmplugin.analysis.peers.benchmark_models`; networks that are not the same
+    function are left out), interleaved; and each one's peak memory of a step in a fresh process
+    (:func:`mmplugin.analysis.memory.peak_memory`, plugin and first peer, with and without activation checkpointing).
+
+    Returns one dict per (implementation, precision): ``seconds`` (median step), ``ratio`` (speed over the first
+    row of that precision), ``peak_mib`` (None where not measured), ``mem_ratio`` (over the first row's).
+    """
+    from mmplugin.analysis.memory import peak_memory, supports_checkpointing
+    from mmplugin.analysis.peers import benchmark_models
+    torch.manual_seed(0)
+    models = benchmark_models(family, arch, 'cpu')
+    ref_out = None
+    x = torch.randn(2, 3, *size)
+    same = {}
+    with torch.no_grad():
+        for name, m in models.items():
+            out = [o.detach() for o in m.eval()(x)]
+            if ref_out is None:
+                ref_out = out
+            if len(out) == len(ref_out) and all(a.shape == b.shape for a, b in zip(out, ref_out)):
+                same[name] = m  # the same function (shapes match), e.g. not a ResNet peer
+    fns = {}
+    for name, m in same.items():
+        if name.endswith('deploy'):
+            continue  # a deployed model has no BatchNorm to train
+        m.train()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+        for dtype in (None, torch.bfloat16)[:2 if bf16 else 1]:
+            def step(m=m, opt=opt, dtype=dtype):
+                opt.zero_grad(set_to_none=True)
+                with torch.autocast('cpu', dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                    outs = m(x)
+                sum(o.float().mean() for o in outs).backward()
+                opt.step()
+            fns[(name, 'bf16 autocast' if dtype else 'fp32')] = step
+    times = interleaved(fns, rounds)
+    rows, first = [], {}
+    for (name, precision), sec in times.items():
+        first.setdefault(precision, sec)
+        rows.append(dict(backbone=f'{family} {arch}', impl=name, precision=precision, seconds=sec,
+                         ratio=first[precision] / sec, peak_mib=None, mem_ratio=None, size=list(size)))
+    if memory:
+        names = list(dict.fromkeys([next(iter(same)), 'mmplugin']))
+        base = None
+        for name in names:
+            for cp in (False, True):
+                if cp and not supports_checkpointing(same[name]):
+                    continue
+                mib = peak_memory(family, arch, name, size, cp, 'cpu')
+                base = base or mib
+                rows.append(dict(backbone=f'{family} {arch}', impl=name + (' with_cp' if cp else ''),
+                                 precision='fp32 (memory)', seconds=None, ratio=None, peak_mib=mib,
+                                 mem_ratio=mib / base, size=list(size)))
     return rows
 
 

@@ -2,7 +2,7 @@
 
     python tools/infer.py CONFIG CHECKPOINT IMAGE_OR_FOLDER [--out result.png | DIR] [--pred-out preds.json]
         [--no-draw] [--score-thr 0.3] [--device cpu] [--cfg-options ...] [--allow-partial]
-        [--compile] [--fast [auto|bf16|fp16]]
+        [--compile] [--fast [auto|bf16|fp16]] [--runtime pytorch|openvino|onnxruntime]
 
 CHECKPOINT is a path or an http(s) URL. It must fit the model of CONFIG (see tools/test.py), unless --allow-partial.
 Published whole-model checkpoints (official Swin detection / segmentation repositories, mmdet / mmseg model
@@ -13,6 +13,8 @@ an image file for one image (default result.png), a folder for a folder of image
 --pred-out FILE.json: machine-readable predictions, mmdet DetInferencer's per-image dicts (bboxes, labels, scores,
 RLE masks); for segmentors the label map PNG beside it (FILE_labels.png, or FILE/<image>.png for a folder). See
 docs/evaluation.md. No output overwrites another: a drawing path equal to the json or a label map is refused.
+``--runtime openvino`` (or ``onnxruntime``) runs backbone + neck in that runtime, heads in PyTorch
+(:mod:`mmplugin.inference.runtime`; OpenVINO compiles one model per input shape, cached; speed: docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -95,7 +97,6 @@ def main(argv=None) -> int:
         print(f'error: {err}', file=sys.stderr)
         return 2
     from mmplugin.apis import load_config
-    from mmplugin.inference.fast import compile_backbone_and_neck, enable_fast_inference, fast_inference_message
     cfg = load_config(args.config, args.cfg_options)
     from mmplugin.apis import check_model_wiring
     check_model_wiring(cfg, args.config)  # a neck that does not fit the backbone: the config's mistake, before any data
@@ -122,11 +123,8 @@ def main(argv=None) -> int:
     meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
     model.dataset_meta = meta or DATASETS.build(dict(cfg.test_dataloader.dataset, lazy_init=True)).metainfo
     del ckpt
-    if args.fast:
-        dtype = enable_fast_inference(model, args.fast, args.device)
-        print(fast_inference_message(args.fast, dtype))
-    if args.compile:
-        compile_backbone_and_neck(model)
+    from mmplugin.cli.common import apply_inference_options
+    feats = apply_inference_options(model, args, args.device)
     try:
         writer = InferenceWriter(model, segmentor, out, args.pred_out, many, args.score_thr)
     except PredictionOutputError as err:
@@ -138,6 +136,9 @@ def main(argv=None) -> int:
         if not segmentor:
             kept = sum(s >= args.score_thr for s in record['scores'])
             print(f'{image}: {kept} instances above score {args.score_thr}')
+    if feats is not None:
+        print(feats.message())
+        feats.close()
     if out is not None:
         print(f'visualisation written to {os.path.abspath(out)}')
     if writer.close():

@@ -1,15 +1,20 @@
 """Backbone speed against the CPU's own matmul peak, the peers and the deployment runtimes, in one process.
 
     python tools/speed_table.py [--size 800x1216] [--rounds 5] [--models swin:tiny swiftformer:l1]
-        [--runtimes eager onnxruntime openvino] [--bf16 auto|on|off] [--whole CONFIG[@HxW] ...] [--json F]
+        [--runtimes eager compiled onnxruntime openvino] [--bf16 auto|on|off] [--whole CONFIG[@HxW] ...]
+        [--json F]
 
 For each backbone (batch 1, eval, random weights): median seconds of interleaved rounds for the family's peers
-(:mod:`mmplugin.analysis.peers`, e.g. mmdet's Swin) and the plugin in eager fp32, the plugin exported to ONNX
-(dynamic sizes) in onnxruntime and OpenVINO (when installed; f32 inference precision), and under bf16 autocast where
-the CPU has bf16 kernels (``--bf16 on`` forces it on CPUs that emulate bf16). Each row gives GFLOP/s (2 x the
-multiply-adds counted by ``tools/get_flops.py``), the share of a 4096x4096 matmul's GFLOP/s timed in the same
-interleaved rounds in the same precision, the speed ratio to the first peer, and the accuracy cost (max relative
-error of the outputs against the plugin's eager fp32 outputs).
+(:mod:`mmplugin.analysis.peers`, e.g. mmdet's Swin) and the plugin in eager fp32, compiled by inductor (frozen
+weights, static shape; ``compiled``), exported to ONNX (dynamic sizes) in onnxruntime and in OpenVINO (when
+installed; compiled for the input's shape, f32 and, where the CPU has bf16 kernels, bf16 inference precision), and
+under bf16 autocast where the CPU has bf16 kernels (``--bf16 on`` forces it on CPUs that emulate bf16). Beside them,
+in the same rounds: the plugin's GEMM-only time (every linear and 1x1 convolution of its forward alone at its shape,
+on the faster of MKL and oneDNN: row "GEMMs alone"; column "x its GEMMs" = a row's time over it) and a 4096x4096
+product on the faster kernel (the "matmul peak"). Each row gives GFLOP/s (2 x the multiply-adds counted by
+``tools/get_flops.py``), its share of that peak, the speed ratio to the first peer, and the accuracy cost (max
+relative error of the outputs against the plugin's eager fp32 outputs). Training-step speed and peak memory:
+``tools/benchmark.py --train --memory``.
 
 ``--whole CONFIG`` also times a whole detector / segmentor's inference (random weights, every proposal kept) and
 the share of it spent in ``extract_feat`` (backbone + neck), which bounds what a reduced-precision backbone
@@ -28,7 +33,7 @@ import tempfile
 import torch
 
 from mmplugin.analysis import load_warning
-from mmplugin.analysis.speed import backbone_rows, cpu_description, whole_model_rows
+from mmplugin.analysis.speed import backbone_rows, cpu_description, training_rows, whole_model_rows
 from mmplugin.cli.common import add_retain_memory_option, apply_retain_memory_option, run_tool, tool_main
 
 
@@ -39,11 +44,15 @@ def main(argv=None):
     p.add_argument('--rounds', type=int, default=5)
     p.add_argument('--models', nargs='+', default=['swin:tiny', 'swiftformer:l1'], help='FAMILY:ARCH')
     p.add_argument('--runtimes', nargs='*', default=['eager', 'onnxruntime', 'openvino'],
-                   choices=['eager', 'onnxruntime', 'openvino'])
+                   choices=['eager', 'compiled', 'onnxruntime', 'openvino'],
+                   help='compiled: torch.compile (inductor, frozen weights, static shape; minutes to compile)')
     p.add_argument('--bf16', choices=['auto', 'on', 'off'], default='auto',
                    help='bf16 autocast rows: auto = only where the CPU has bf16 kernels')
     p.add_argument('--whole', nargs='*', default=[],
                    help='CONFIG[@HxW]: configs whose whole-model inference is also timed (at --size unless @HxW)')
+    p.add_argument('--train', nargs='?', const='512x768', default=None, metavar='HxW',
+                   help='also time backbone training steps (batch 2, forward + backward + AdamW; default 512x768) '
+                        'and their peak memory (fresh processes, with and without activation checkpointing)')
     p.add_argument('--threads', type=int, default=None)
     p.add_argument('--json', default=None)
     add_retain_memory_option(p)
@@ -59,7 +68,8 @@ def main(argv=None):
     apply_retain_memory_option(p, args)
     command = 'python tools/speed_table.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
     print(f'CPU: {cpu}; {torch.get_num_threads()} threads; torch {torch.__version__}\ncommand: {command}', flush=True)
-    print('4096x4096 matmul GFLOP/s is timed in the same rounds as each backbone (column "matmul peak")'
+    print('4096x4096 matmul GFLOP/s (faster of MKL and oneDNN) and every GEMM of the plugin\'s forward alone (row '
+          '"GEMMs alone", column "x its GEMMs") are timed in the same rounds as each backbone'
           + ('' if native_bf16 else '; this CPU has no bf16 kernels (bf16 rows only with --bf16 on, emulated)'),
           flush=True)
     busy = load_warning(torch.get_num_threads())
@@ -72,16 +82,33 @@ def main(argv=None):
             print(f'timing {family} {arch} at {size[0]}x{size[1]} ...', flush=True)
             rows += backbone_rows(family, arch, size, args.rounds, args.runtimes, bf16, workdir)
     print(f'\n| backbone ({size[0]}x{size[1]}, batch 1) | implementation | runtime | precision | ms | GFLOP/s | '
-          'matmul peak GFLOP/s | % of peak | speed vs first row | max rel. error vs plugin eager fp32 (- : another '
-          'network) |')
-    print('|---|---|---|---|---|---|---|---|---|---|')
+          'matmul peak GFLOP/s | % of peak | speed vs first row | x its GEMMs | max rel. error vs plugin eager fp32 '
+          '(- : another network) |')
+    print('|---|---|---|---|---|---|---|---|---|---|---|')
     for r in rows:
         pk, gf = r['peak_gflops'], r['gflops']
         share = f'{100 * gf / pk:.0f}%' if pk and gf else '-'
         err = '-' if r['rel_err'] is None else f'{r["rel_err"]:.1e}'
+        gemm = '-' if r['gemm_ratio'] is None else f'{r["gemm_ratio"]:.2f}x'
         print(f'| {r["backbone"]} ({r["model_gflop"]:.0f} GFLOP) | {r["impl"]} | {r["runtime"]} | {r["precision"]} | '
               f'{1000 * r["seconds"]:.0f} | {"-" if gf is None else f"{gf:.0f}"} | {pk or 0:.0f} | {share} | '
-              f'{r["ratio"]:.2f}x | {err} |')
+              f'{r["ratio"]:.2f}x | {gemm} | {err} |')
+    train = []
+    if args.train:
+        tsize = tuple(int(v) for v in args.train.lower().split('x'))
+        for spec in args.models:
+            family, arch = spec.split(':')
+            print(f'\ntiming {family} {arch} training steps at batch 2, {tsize[0]}x{tsize[1]} ...', flush=True)
+            train += training_rows(family, arch, tsize, args.rounds, bf16)
+        print(f'\n| backbone training step (batch 2, {tsize[0]}x{tsize[1]}, AdamW) | implementation | precision | '
+              'ms | speed vs first row | peak MiB | memory vs first |')
+        print('|---|---|---|---|---|---|---|')
+        for r in train:
+            ms = '-' if r['seconds'] is None else f'{1000 * r["seconds"]:.0f}'
+            speed = '-' if r['ratio'] is None else f'{r["ratio"]:.2f}x'
+            mem = '-' if r['peak_mib'] is None else f'{r["peak_mib"]:.0f}'
+            mratio = '-' if r['mem_ratio'] is None else f'{r["mem_ratio"]:.2f}x'
+            print(f'| {r["backbone"]} | {r["impl"]} | {r["precision"]} | {ms} | {speed} | {mem} | {mratio} |')
     whole = []
     for spec in args.whole:
         config, _, at = spec.partition('@')
@@ -95,8 +122,8 @@ def main(argv=None):
               f'{1 / max(1 - r["extract_feat_share"], 1e-9):.1f}x')
     if args.json:
         with open(args.json, 'w') as f:
-            json.dump(dict(cpu=cpu, command=command, rows=rows, whole=whole), f, indent=2)
-    return rows, whole
+            json.dump(dict(cpu=cpu, command=command, rows=rows, train=train, whole=whole), f, indent=2)
+    return rows, whole, train
 
 
 if __name__ == '__main__':

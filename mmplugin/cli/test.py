@@ -2,7 +2,7 @@
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--tta] [--show-dir DIR] [--cfg-options ...]
         [--format-only --out-dir DIR] [--out FILE.pkl] [--allow-partial] [--launcher none|pytorch|slurm]
-        [--compile] [--fast [auto|bf16|fp16]]
+        [--compile] [--fast [auto|bf16|fp16]] [--runtime pytorch|openvino|onnxruntime]
 
 CHECKPOINT is a path or an http(s) URL (downloaded once into the torch hub cache). Checkpoints load with
 weights-only semantics (see mmplugin.checkpoint) and strictly: one that does not fit the model of CONFIG (a
@@ -13,6 +13,8 @@ zoos) load as they are: their backbone part is converted on the fly (docs/publis
 ``--tta`` uses the config's ``tta_model`` / ``tta_pipeline`` (multi-scale + flip).
 ``--format-only --out-dir DIR`` writes test-server files instead of scoring (COCO results json; ADE20K PNG label
 maps), ``--out FILE.pkl`` dumps the raw predictions, ``--show-dir DIR`` draws every prediction: docs/evaluation.md.
+``--runtime openvino`` (or ``onnxruntime``) runs backbone + neck in that runtime, heads in PyTorch
+(:mod:`mmplugin.inference.runtime`; OpenVINO compiles one model per input shape, cached; speed: docs/benchmarks.md).
 """
 from __future__ import annotations
 
@@ -113,14 +115,12 @@ def main(argv=None) -> int:
     model = runner.model.module if is_model_wrapper(runner.model) else runner.model  # unwrap DDP
     if args.tta:
         model = model.module  # the detector / segmentor inside the TTA wrapper
-    if args.fast:
-        from mmplugin.inference.fast import enable_fast_inference, fast_inference_message
-        dtype = enable_fast_inference(model, args.fast, next(model.parameters()).device)
-        print(fast_inference_message(args.fast, dtype))
-    if args.compile:
-        from mmplugin.inference.fast import compile_backbone_and_neck
-        compile_backbone_and_neck(model)  # in place: the checkpoint's keys still match
+    from mmplugin.cli.common import apply_inference_options
+    feats = apply_inference_options(model, args, next(model.parameters()).device)
     metrics = runner.test()
+    if feats is not None:
+        print(feats.message())
+        feats.close()
     print({k: _plain(v) for k, v in (metrics or {}).items()})
     return 0
 

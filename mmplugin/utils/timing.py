@@ -34,11 +34,16 @@ def interleaved(fns: dict[str, Callable[[], object]], rounds: int, settle: float
 PEAK_SIZE = 4096
 
 
-def matmul_peak_call(dtype=None) -> tuple[Callable[[], object], float]:
+def matmul_peak_call(dtype=None, kernel: str = 'mkl') -> tuple[Callable[[], object], float]:
     """``(fn, gflop)``: a zero-argument ``PEAK_SIZE`` x ``PEAK_SIZE`` product in ``dtype`` (default fp32) to time
     beside the models (e.g. in the same :func:`interleaved` rounds), and its GFLOP (2 n^3 / 1e9): the "matmul peak"
-    that the tables' shares refer to is ``gflop / seconds``."""
+    that the tables' shares refer to is ``gflop / seconds``. ``kernel``: ``'mkl'`` (``torch.mm``: torch's BLAS) or
+    ``'onednn'`` (oneDNN's linear); the tables time both and take the faster, since on AMD CPUs MKL's fp32 product
+    can run at half oneDNN's."""
     import torch
     n = PEAK_SIZE
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    if kernel == 'onednn':
+        bt = b.t().contiguous()
+        return (lambda: torch.ops.mkldnn._linear_pointwise(a, bt, None, 'none', [], '')), 2 * n**3 / 1e9
     return (lambda: torch.mm(a, b)), 2 * n**3 / 1e9

@@ -79,19 +79,37 @@ def test_help(tool):
 
 
 def test_speed_table_rows(capsys):
-    """One row per peer and the plugin; rows of implementations computing the same function carry their error
-    against the plugin's eager fp32 outputs (the official formulation and the deployed plugin:
-    < conftest.FP32_PARITY)."""
+    """One row per peer and the plugin, and the plugin's GEMM-only row; rows of implementations computing the same
+    function carry their error against the plugin's eager fp32 outputs (< conftest.FP32_PARITY); the plugin's
+    rows carry their time over the GEMM-only time, which is the sum of its GEMMs (so below the forward's)."""
     from mmplugin.cli import speed_table
-    rows, whole = speed_table.main(['--size', '64x96', '--rounds', '1', '--runtimes', 'eager', '--models',
-                                    'swin:tiny', '--bf16', 'off'])
+    rows, whole, train = speed_table.main(['--size', '64x96', '--rounds', '1', '--runtimes', 'eager', '--models',
+                                           'swin:tiny', '--bf16', 'off'])
     by_impl = {r['impl']: r for r in rows}
-    assert set(by_impl) == {'mmdet-swin', 'mmplugin'} and not whole
+    assert set(by_impl) == {'GEMMs alone', 'mmdet-swin', 'mmplugin'} and not whole and not train
     assert by_impl['mmdet-swin']['ratio'] == 1.0  # the first peer is the baseline
     assert by_impl['mmdet-swin']['rel_err'] < FP32_PARITY  # mmdet's Swin with the plugin's weights: the same function
     assert by_impl['mmplugin']['rel_err'] == 0.0
+    gemm = by_impl['GEMMs alone']['seconds']
+    assert by_impl['mmplugin']['gemm_ratio'] == pytest.approx(by_impl['mmplugin']['seconds'] / gemm)
+    assert by_impl['mmdet-swin']['gemm_ratio'] is None  # only the plugin's own GEMMs are timed
     out = capsys.readouterr().out
-    assert 'CPU: ' in out and 'command: python tools/speed_table.py' in out and out.count('| swin tiny') == 2
+    assert 'CPU: ' in out and 'command: python tools/speed_table.py' in out and out.count('| swin tiny') == 3
+
+
+@pytest.mark.heavy
+def test_speed_table_training_rows(capsys):
+    """--train: one timed training step per implementation of the same function (mmdet's Swin first), then peak
+    memory of a step in fresh processes with and without activation checkpointing, as ratios to the first."""
+    from mmplugin.cli import speed_table
+    _, _, train = speed_table.main(['--size', '64x96', '--rounds', '1', '--runtimes', 'eager', '--models',
+                                    'swin:tiny', '--bf16', 'off', '--train', '64x96'])
+    timed = [r for r in train if r['seconds'] is not None]
+    assert [r['impl'] for r in timed] == ['mmdet-swin', 'mmplugin'] and timed[0]['ratio'] == 1.0
+    mem = {r['impl']: r for r in train if r['peak_mib'] is not None}
+    assert set(mem) == {'mmdet-swin', 'mmdet-swin with_cp', 'mmplugin', 'mmplugin with_cp'}
+    assert mem['mmdet-swin']['mem_ratio'] == 1.0 and all(r['peak_mib'] > 0 for r in mem.values())
+    assert 'backbone training step (batch 2, 64x96, AdamW)' in capsys.readouterr().out
 
 
 def test_missing_dataset_is_reported_before_building(tmp_path):
@@ -177,6 +195,13 @@ def test_short_training_learns(tmp_path, demo_data):
     assert len(losses) >= 5 and losses[-1] < 0.6 * losses[0], losses
     ap = re.findall(r'coco/bbox_mAP_50: ([\d.]+)', out.stdout + out.stderr)
     assert ap and float(ap[-1]) > 0.0, ap
+    # the trained detector evaluated eagerly and with backbone + neck in OpenVINO: AP within 0.001
+    aps = {}
+    for runtime in ('pytorch', 'openvino'):
+        res = run('tools/test.py', DEMO_DET, str(work / 'iter_60.pth'), '--work-dir', str(tmp_path / runtime),
+                  '--runtime', runtime, '--cfg-options', *_data_opts(demo_data, 'det'), timeout=900)
+        aps[runtime] = float(re.search(r"'coco/bbox_mAP': ([\d.]+)", res.stdout).group(1))
+    assert aps['pytorch'] > 0 and abs(aps['openvino'] - aps['pytorch']) <= 0.001, aps
 
 
 def _spawn_train(args, log):
@@ -217,6 +242,12 @@ def test_kill_and_resume_then_test(tmp_path, demo_data):
     miou_bf16 = float(re.search(r"'mIoU': ([\d.]+)", out.stdout).group(1))
     assert '--fast bf16: backbone + neck in torch.bfloat16' in out.stdout
     assert abs(miou_bf16 - miou) <= 5.0, (miou, miou_bf16)  # a 24-iteration model: many pixels near a tie
+    # --runtime openvino: backbone + neck in OpenVINO (fp32), decode head in PyTorch: the metric of eager within
+    # 0.1 mIoU (only fp32 rounding differs; pixels exactly at a tie may flip)
+    out = run('tools/test.py', DEMO_SEG, str(work / 'iter_24.pth'), '--work-dir', str(tmp_path / 'test_ov'),
+              '--runtime', 'openvino', '--cfg-options', *_data_opts(demo_data, 'seg'), timeout=900)
+    assert '--runtime openvino: backbone + neck in openvino (f32' in out.stdout
+    assert abs(float(re.search(r"'mIoU': ([\d.]+)", out.stdout).group(1)) - miou) <= 0.1, out.stdout[-2000:]
     png = tmp_path / 'seg.png'
     out = run('tools/infer.py', DEMO_SEG, str(work / 'iter_24.pth'),
               str(demo_data / 'shapes_ade/images/validation/00000.png'), '--out', str(png), '--fast', timeout=600)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import BF16_VS_FP32, FP32_PARITY, randomize_
+from conftest import BF16_VS_FP32, FP32_PARITY, tiny_detector
 from conftest import tiny_backbone as _tiny
 
 from mmplugin.inference import fast
@@ -48,24 +48,12 @@ def test_compile_fullgraph_dynamic_one_recompile(family):
 
 
 # ---------------------------------------------------------------------------------------------------- fast inference
-def _tiny_detector():
-    from mmdet.registry import MODELS
-    from mmengine.config import Config
-    from mmengine.registry import init_default_scope
-    cfg = Config.fromfile(osp.join(ROOT, 'configs/demo/swiftformer_xs_maskrcnn_shapes.py'))
-    init_default_scope('mmdet')
-    cfg.model.backbone.arch = dict(depths=[1, 1, 2, 1], embed_dims=[16, 24, 32, 48])
-    cfg.model.neck.in_channels = [16, 24, 32, 48]
-    torch.manual_seed(0)
-    return randomize_(MODELS.build(cfg.model), seed=4).eval()
-
-
 @pytest.mark.numeric
 def test_fast_inference_backbone_neck_low_precision_heads_fp32(monkeypatch):
     """bf16 (forced, as on a CPU without native kernels): the backbone computes in bf16, the FPN maps reach the
     heads as fp32 within bf16's error, the whole Mask R-CNN predicts (mmcv RoIAlign / NMS run fp32)."""
     from mmdet.structures import DetDataSample
-    model = _tiny_detector()
+    model = tiny_detector()
     x = torch.randn(2, 3, 96, 128)
     with torch.no_grad():
         ref = model.extract_feat(x)
@@ -88,7 +76,7 @@ def test_fast_inference_backbone_neck_low_precision_heads_fp32(monkeypatch):
 
 
 def test_fast_inference_auto_follows_the_hardware(monkeypatch):
-    model = _tiny_detector()
+    model = tiny_detector()
     plain = model.extract_feat
     monkeypatch.setattr(fast, 'native_low_precision', lambda device='cpu': None)
     with pytest.warns(UserWarning, match='running fp32'):

@@ -155,3 +155,34 @@ def conv_add(x: torch.Tensor, conv: nn.Conv2d, residual: torch.Tensor, weight: t
                                                               list(conv.stride), list(conv.dilation), conv.groups,
                                                               'add', None, None, [], None)
     return F.conv2d(x, w, b, conv.stride, conv.padding, conv.dilation, conv.groups).add_(residual)
+
+
+def linear(x: torch.Tensor, layer: nn.Linear, weight: torch.Tensor | None = None,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``layer(x)`` (or with replacement ``weight`` / ``bias``) on ``(..., K)`` tensors, through oneDNN's linear at
+    inference when possible: the bias is added in the GEMM's output tile, whereas ``F.linear``'s ``addmm`` first
+    copies the broadcast bias into the whole ``(..., N)`` output (Swin-T at 800x1216: 130 ms of copies per forward on
+    2 cores, AMD EPYC family 25)."""
+    w = layer.weight if weight is None else weight
+    b = layer.bias if weight is None else bias
+    if can_fuse_onednn(x, w):
+        return torch.ops.mkldnn._linear_pointwise(x, w, b, 'none', [], '')
+    return F.linear(x, w, b)
+
+
+def linear_act(x: torch.Tensor, linear: nn.Linear, act: str) -> torch.Tensor:
+    """``act(linear(x))`` with ``act`` in {'relu', 'gelu'} (exact erf GELU) on ``(..., K)`` tensors, one oneDNN
+    kernel when possible: the activation is applied to the GEMM's output tile while it is in cache, instead of a
+    second pass over the ``(..., N)`` result (Swin's MLP: 4C channels at every position)."""
+    if can_fuse_onednn(x, linear.weight):
+        return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, act, [],
+                                                  'none' if act == 'gelu' else None)
+    return _act(F.linear(x, linear.weight, linear.bias), act)
+
+
+def linear_add(x: torch.Tensor, linear: nn.Linear, residual: torch.Tensor) -> torch.Tensor:
+    """``linear(x) + residual`` on ``(..., K)`` / ``(..., N)`` tensors, one oneDNN kernel when possible (the residual
+    is read into the GEMM's output tile instead of a second pass over both maps)."""
+    if can_fuse_onednn(x, linear.weight) and not residual.requires_grad and residual.dtype == x.dtype:
+        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, linear.weight, linear.bias, 'add')
+    return F.linear(x, linear.weight, linear.bias).add_(residual)

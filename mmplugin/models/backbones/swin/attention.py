@@ -32,6 +32,7 @@ from mmplugin.models.backbones.swin.windows import (
     padded_size,
     window_index,
 )
+from mmplugin.models.layers.fusion import linear
 from mmplugin.models.layers.precision import fp32_normalize
 
 __all__ = [
@@ -145,8 +146,8 @@ class WindowAttentionBase(nn.Module):
         bias = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
         if geom.mask is not None:
             bias = bias + geom.mask.unsqueeze(1)  # (nW, heads, N, N)
-        out = self.proj(_attend(q, k, v, bias, b, scale, geom.mask is not None,
-                                self.attn_drop if self.training else 0.0))
+        out = linear(_attend(q, k, v, bias, b, scale, geom.mask is not None, self.attn_drop if self.training else 0.0),
+                     self.proj)
         return geom.reverse(self.proj_drop(out), b)
 
 
@@ -173,14 +174,16 @@ class WindowAttention(WindowAttentionBase):
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
     def queries_keys_values(self, win: torch.Tensor):
-        q, k, v = _split_heads(self.qkv(win), self.num_heads)
+        q, k, v = _split_heads(linear(win, self.qkv), self.num_heads)
         return q, k, v, self.scale
 
     def position_bias(self, ws: int | None = None) -> torch.Tensor:
         """Gathered from the learnt table; a window smaller than the configured one reads the table's centre."""
         ws = ws or self.window_size
         idx = relative_position_index(ws, self.relative_position_bias_table.device, self.window_size)
-        return self.relative_position_bias_table[idx.view(-1)].view(ws * ws, ws * ws, -1).permute(2, 0, 1)
+        # contiguous (heads, N, N): the (nW, heads, N, N) sum with the shift mask then comes out contiguous too, which
+        # SDPA would otherwise copy (stage 1 of Swin-T at 800x1216: 37 MB per shifted block)
+        return self.relative_position_bias_table[idx.view(-1)].view(ws * ws, ws * ws, -1).permute(2, 0, 1).contiguous()
 
 
 class WindowAttentionV2(WindowAttentionBase):
@@ -221,7 +224,7 @@ class WindowAttentionV2(WindowAttentionBase):
         bias = None
         if self.q_bias is not None:
             bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias), self.v_bias))
-        q, k, v = _split_heads(F.linear(win, self.qkv.weight, bias), self.num_heads)
+        q, k, v = _split_heads(linear(win, self.qkv, self.qkv.weight, bias), self.num_heads)
         scale = torch.exp(torch.clamp(self.logit_scale, max=math.log(100.0)))  # (heads, 1, 1): at most 100
         # fp16: normalised in fp32 (a zero padding token's norm is 0, and fp16 has no 1e-12 epsilon)
         return fp32_normalize(q, scale=scale), fp32_normalize(k), v, 1.0
@@ -243,4 +246,4 @@ class WindowAttentionV2(WindowAttentionBase):
             rows = self.cpb_mlp(coords.view(-1, 2)[idx])
         else:
             rows = self.cpb_mlp(coords).view(-1, self.num_heads)[idx]
-        return 16 * torch.sigmoid(rows.view(ws * ws, ws * ws, -1).permute(2, 0, 1))
+        return 16 * torch.sigmoid(rows.view(ws * ws, ws * ws, -1).permute(2, 0, 1).contiguous())  # as V1's

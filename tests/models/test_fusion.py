@@ -1,0 +1,53 @@
+"""The linear fusions of inference (oneDNN: bias, GELU and the residual add in the GEMM's epilogue) compute the
+plain ops' function: within fp32 rounding of ``F.linear`` / ``F.gelu`` / ``+``, NaN in a row giving NaN in that row
+only, and the plain ops themselves wherever autograd, tracing or ``onednn_fusion_disabled()`` rule fusion out."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import FP32_PARITY
+from torch import nn
+
+from mmplugin.models.layers.fusion import linear, linear_act, linear_add, onednn_fusion_disabled
+from mmplugin.utils.numerics import max_rel_error
+
+
+def _operands():
+    g = torch.Generator().manual_seed(0)
+    layer = nn.Linear(40, 72)
+    with torch.no_grad():
+        layer.weight.copy_(torch.randn(72, 40, generator=g) * 0.2)
+        layer.bias.copy_(torch.randn(72, generator=g))
+    return layer, torch.randn(2, 5, 7, 40, generator=g), torch.randn(2, 5, 7, 72, generator=g)
+
+
+CASES = {
+    'linear': (lambda x, lay, r: linear(x, lay), lambda x, lay, r: F.linear(x, lay.weight, lay.bias)),
+    'gelu': (lambda x, lay, r: linear_act(x, lay, 'gelu'), lambda x, lay, r: F.gelu(F.linear(x, lay.weight, lay.bias))),
+    'relu': (lambda x, lay, r: linear_act(x, lay, 'relu'), lambda x, lay, r: F.relu(F.linear(x, lay.weight, lay.bias))),
+    'add': (lambda x, lay, r: linear_add(x, lay, r), lambda x, lay, r: F.linear(x, lay.weight, lay.bias) + r),
+}
+
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_fused_linear_equals_the_plain_ops(case):
+    fused, plain = CASES[case]
+    layer, x, r = _operands()
+    with torch.inference_mode():
+        ref = plain(x, layer, r)
+        got = fused(x, layer, r)
+        assert got.shape == ref.shape and max_rel_error(got, ref) <= FP32_PARITY
+        with onednn_fusion_disabled():  # the plain ops, bit for bit
+            assert torch.equal(fused(x, layer, r), ref)
+        x[1, 2, 3, 4] = float('nan')  # NaN in one row: that output row is NaN, every other row finite
+        out = fused(x, layer, r)
+        assert out[1, 2, 3].isnan().all() and out.isnan().sum() == out.shape[-1]
+
+
+def test_fused_linear_falls_back_under_autograd():
+    """Training: the plain ops (their gradients), e.g. the residual's gradient is the output's."""
+    layer, x, r = _operands()
+    r.requires_grad_(True)
+    linear_add(linear_act(x, layer, 'gelu')[..., :40], layer, r).sum().backward()
+    assert torch.equal(r.grad, torch.ones_like(r)) and layer.weight.grad is not None
