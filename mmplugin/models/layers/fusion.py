@@ -173,10 +173,11 @@ def linear(x: torch.Tensor, layer: nn.Linear, weight: torch.Tensor | None = None
 def linear_act(x: torch.Tensor, linear: nn.Linear, act: str) -> torch.Tensor:
     """``act(linear(x))`` with ``act`` in {'relu', 'gelu'} (exact erf GELU) on ``(..., K)`` tensors, one oneDNN
     kernel when possible: the activation is applied to the GEMM's output tile while it is in cache, instead of a
-    second pass over the ``(..., N)`` result (Swin's MLP: 4C channels at every position)."""
-    if can_fuse_onednn(x, linear.weight):
-        return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, act, [],
-                                                  'none' if act == 'gelu' else None)
+    second pass over the ``(..., N)`` result (Swin's MLP: 4C channels at every position). Only GELU is fused:
+    oneDNN's ReLU post-op maps NaN to 0 (its GELU keeps NaN; tests/models/test_fusion.py), so ReLU runs as its own op
+    and NaN in gives NaN out."""
+    if act == 'gelu' and can_fuse_onednn(x, linear.weight):
+        return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, 'gelu', [], 'none')
     return _act(F.linear(x, linear.weight, linear.bias), act)
 
 
