@@ -154,11 +154,9 @@ def _compiled_for(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | 
 def _openvino_call(ov, onnx_path: str, x: torch.Tensor, hint: str, outs: dict):
     """A zero-argument OpenVINO inference of ``x`` compiled for its static shape in precision ``hint``; stores
     its outputs in ``outs[fn]``."""
+    from mmplugin.inference.runtime import compile_openvino
     core = ov.Core()
-    model = core.read_model(onnx_path)
-    model.reshape({model.inputs[0]: list(x.shape)})
-    compiled = core.compile_model(model, 'CPU', {'INFERENCE_PRECISION_HINT': hint,
-                                                 'INFERENCE_NUM_THREADS': torch.get_num_threads()})
+    compiled = compile_openvino(core, core.read_model(onnx_path), tuple(x.shape), hint)
     arr = x.numpy()
 
     def fn():

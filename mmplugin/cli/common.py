@@ -248,7 +248,8 @@ def add_inference_options(p) -> None:
                    help='backbone + neck in reduced precision, heads fp32 (auto: bf16 on CPUs with AVX512-BF16/AMX '
                         'and on Ampere+ GPUs, fp16 on older GPUs; fp32 with a warning elsewhere). Before positional '
                         'arguments write --fast=MODE')
-    p.add_argument('--runtime', choices=('pytorch', 'openvino', 'onnxruntime'), default='pytorch',
+    from mmplugin.inference.runtime import RUNTIMES
+    p.add_argument('--runtime', choices=RUNTIMES, default='pytorch',
                    help='where backbone + neck run (CPU): openvino / onnxruntime export them to ONNX once after '
                         'loading, OpenVINO compiles one model per input shape (cached); heads stay in PyTorch. '
                         'With --fast: OpenVINO in bf16 where the CPU has bf16 kernels')

@@ -28,7 +28,7 @@ from torch import nn
 
 from mmplugin.utils.errors import ConfigValueError
 
-__all__ = ['RUNTIMES', 'RuntimeFeatures', 'enable_runtime', 'runtime_precision']
+__all__ = ['RUNTIMES', 'RuntimeFeatures', 'compile_openvino', 'enable_runtime', 'runtime_precision']
 
 RUNTIMES = ('pytorch', 'openvino', 'onnxruntime')
 _OV_PRECISION = {None: 'f32', torch.bfloat16: 'bf16', torch.float16: 'f16'}
@@ -48,6 +48,15 @@ def runtime_precision(runtime: str, fast: str | None, device: torch.device | str
                                'use --runtime openvino for bf16, or drop --fast')
     dtype = native_low_precision(device) if fast == 'auto' else _DTYPES[fast]
     return _OV_PRECISION[dtype]
+
+
+def compile_openvino(core, model, shape: tuple[int, ...], precision: str = 'f32', threads: int | None = None):
+    """OpenVINO's CPU model of ``model`` (an ``ov.Model``, left unchanged) for the static input ``shape``, in
+    inference ``precision`` (``'f32' | 'bf16' | 'f16'``) on ``threads`` threads (default: torch's)."""
+    model = model.clone()
+    model.reshape({model.inputs[0]: list(shape)})
+    return core.compile_model(model, 'CPU', {'INFERENCE_PRECISION_HINT': precision,
+                                             'INFERENCE_NUM_THREADS': threads or torch.get_num_threads()})
 
 
 def _extract_feat_part(model: nn.Module) -> nn.Module:
@@ -112,10 +121,7 @@ class RuntimeFeatures:
             self._compiled.move_to_end(shape)
             return compiled
         t = time.perf_counter()
-        model = self._model.clone()
-        model.reshape({model.inputs[0]: list(shape)})
-        compiled = self._core.compile_model(model, 'CPU', {'INFERENCE_PRECISION_HINT': self.precision,
-                                                           'INFERENCE_NUM_THREADS': self.threads})
+        compiled = compile_openvino(self._core, self._model, shape, self.precision, self.threads)
         self.stats['compiles'] += 1
         self.stats['compile_s'] += time.perf_counter() - t
         self._compiled[shape] = compiled
