@@ -184,7 +184,8 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
     same = {}
     with torch.no_grad():
         for name, m in models.items():
-            out = [o.detach() for o in m.eval()(x)]
+            m.eval()  # mmdet's Swin.train() returns None: no chaining
+            out = [o.detach() for o in m(x)]
             if ref_out is None:
                 ref_out = out
             if len(out) == len(ref_out) and all(a.shape == b.shape for a, b in zip(out, ref_out)):

@@ -23,7 +23,8 @@ import os
 import os.path as osp
 import sys
 
-from mmplugin.cli.common import add_inference_options, require_files, run_tool, tool_main
+from mmplugin.cli.common import require_files, run_tool, tool_main
+from mmplugin.cli.inference_options import add_inference_options
 
 
 def _load_checked(model, ckpt, args) -> bool:
@@ -123,7 +124,7 @@ def main(argv=None) -> int:
     meta = (ckpt.get('meta') or {}).get('dataset_meta') if isinstance(ckpt, dict) else None
     model.dataset_meta = meta or DATASETS.build(dict(cfg.test_dataloader.dataset, lazy_init=True)).metainfo
     del ckpt
-    from mmplugin.cli.common import apply_inference_options
+    from mmplugin.cli.inference_options import apply_inference_options
     feats = apply_inference_options(model, args, args.device)
     try:
         writer = InferenceWriter(model, segmentor, out, args.pred_out, many, args.score_thr)

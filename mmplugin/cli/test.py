@@ -22,7 +22,8 @@ import argparse
 import os
 import sys
 
-from mmplugin.cli.common import add_inference_options, require_files, run_tool, tool_main
+from mmplugin.cli.common import require_files, run_tool, tool_main
+from mmplugin.cli.inference_options import add_inference_options
 
 
 def parse_args(argv=None):
@@ -115,7 +116,7 @@ def main(argv=None) -> int:
     model = runner.model.module if is_model_wrapper(runner.model) else runner.model  # unwrap DDP
     if args.tta:
         model = model.module  # the detector / segmentor inside the TTA wrapper
-    from mmplugin.cli.common import apply_inference_options
+    from mmplugin.cli.inference_options import apply_inference_options
     feats = apply_inference_options(model, args, next(model.parameters()).device)
     metrics = runner.test()
     if feats is not None:

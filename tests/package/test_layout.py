@@ -100,7 +100,7 @@ MAY_IMPORT = {
     'mmplugin.models': ('mmplugin.utils', 'mmplugin.checkpoint', 'mmplugin.registry'),
     'mmplugin.loading': ('mmplugin.utils', 'mmplugin.checkpoint', 'mmplugin.models'),
     'mmplugin.engine': ('mmplugin.utils', 'mmplugin.checkpoint', 'mmplugin.models', 'mmplugin.registry'),
-    'mmplugin.inference': ('mmplugin.utils', 'mmplugin.models'),
+    'mmplugin.inference': ('mmplugin.utils', 'mmplugin.models', 'mmplugin.export'),  # --runtime: ONNX of extract_feat
     'mmplugin.export': ('mmplugin.utils', 'mmplugin.models'),
     'mmplugin.quantization': ('mmplugin.utils', 'mmplugin.checkpoint', 'mmplugin.models', 'mmplugin.export',
                               'mmplugin.apis', 'mmplugin.analysis.bench'),
