@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from conftest import CONFIGS, _build, _check_channels, _det_batch, _seg_batch
+from conftest import CONFIGS, _build, _check_channels, _det_batch, _fewer_rois, _seg_batch
 from mmengine.config import Config
 from mmengine.model import revert_sync_batchnorm
 from mmengine.optim import build_optim_wrapper
@@ -162,6 +162,7 @@ def test_config_builds_trains_and_infers(name):
     cfg = _load(name).copy()
     assert cfg.model.backbone.init_cfg.type == 'Pretrained'  # official weights by default ...
     cfg.model.backbone.init_cfg = None  # ... which tests cannot download
+    _fewer_rois(cfg)
     model = revert_sync_batchnorm(_build(cfg))
     model.init_weights()
     _check_channels(cfg, model)
