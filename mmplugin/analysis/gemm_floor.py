@@ -20,7 +20,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-__all__ = ['KERNELS', 'linear_shapes', 'gemm_call', 'gemm_calls', 'gemm_seconds', 'gemm_floor']
+__all__ = ['KERNELS', 'linear_shapes', 'training_shapes', 'gemm_call', 'gemm_calls', 'gemm_seconds', 'gemm_floor']
 
 
 class _GemmShapes(torch.overrides.TorchFunctionMode):
@@ -57,15 +57,29 @@ def linear_shapes(model: torch.nn.Module, x: torch.Tensor) -> collections.Counte
     return mode.shapes
 
 
+def training_shapes(shapes: collections.Counter) -> collections.Counter:
+    """The products of a training step, from the forward's ``{(M, K, N): calls}``: for ``Y = X W^T`` with ``X``
+    ``(M, K)`` and ``W`` ``(N, K)``, the forward ``(M, K, N)``, the input gradient ``dX = dY W`` (``(M, N, K)``) and
+    the weight gradient ``dW = dY^T X`` (``(N, M, K)``: a reduction over the ``M`` rows), each written as the
+    ``(rows, reduction, columns)`` of one product. Three times the forward's FLOPs; the bias gradient (a sum) is
+    not a GEMM."""
+    out = collections.Counter()
+    for (m, k, n), calls in shapes.items():
+        for shape in ((m, k, n), (m, n, k), (n, m, k)):
+            out[shape] += calls
+    return out
+
+
 KERNELS = ('mkl', 'onednn')
 
 
-def gemm_call(m: int, k: int, n: int, dtype: torch.dtype, kernel: str):
-    """A zero-argument ``(m, k) x (k, n) + bias`` product on random operands through ``kernel``: ``'mkl'`` is
-    ``F.linear`` (torch's BLAS for fp32, MKL in the x86 wheels), ``'onednn'`` oneDNN's own linear
-    (``torch.ops.mkldnn._linear_pointwise``). On AMD CPUs MKL's fp32 GEMM can run at half oneDNN's, so the floor
-    counts the faster of the two at every shape."""
-    a, w, b = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype), torch.randn(n, dtype=dtype)
+def gemm_call(m: int, k: int, n: int, dtype: torch.dtype, kernel: str, bias: bool = True):
+    """A zero-argument ``(m, k) x (k, n)`` product (``+ bias`` unless ``bias=False``: the backward products have
+    none) on random operands through ``kernel``: ``'mkl'`` is ``F.linear`` (torch's BLAS for fp32, MKL in the x86
+    wheels), ``'onednn'`` oneDNN's own linear (``torch.ops.mkldnn._linear_pointwise``). On AMD CPUs MKL's fp32 GEMM
+    can run at half oneDNN's, so the floor counts the faster of the two at every shape."""
+    a, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
+    b = torch.randn(n, dtype=dtype) if bias else None
     if kernel == 'mkl':
         return lambda: F.linear(a, w, b)
     if kernel == 'onednn':
@@ -73,10 +87,10 @@ def gemm_call(m: int, k: int, n: int, dtype: torch.dtype, kernel: str):
     raise ValueError(f'kernel must be one of {KERNELS}, got {kernel!r}')
 
 
-def gemm_calls(shapes, dtype: torch.dtype) -> dict:
+def gemm_calls(shapes, dtype: torch.dtype, bias: bool = True) -> dict:
     """``{('gemm', (M, K, N), kernel): fn}`` for every shape and kernel: to time in the same interleaved rounds as
     the model, then :func:`gemm_seconds`."""
-    return {('gemm', shape, kern): gemm_call(*shape, dtype, kern) for shape in shapes for kern in KERNELS}
+    return {('gemm', shape, kern): gemm_call(*shape, dtype, kern, bias) for shape in shapes for kern in KERNELS}
 
 
 def gemm_seconds(times: dict, shapes: collections.Counter) -> tuple[float, dict]:

@@ -172,9 +172,16 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
     function are left out), interleaved; and each one's peak memory of a step in a fresh process
     (:func:`mmplugin.analysis.memory.peak_memory`, plugin and first peer, with and without activation checkpointing).
 
+    In the same rounds, per precision, the plugin's GEMM-only step: every product a step of its linears and 1x1
+    convolutions needs (forward, input gradient, weight gradient: :func:`~mmplugin.analysis.gemm_floor.training_shapes`)
+    timed alone at its shape on the faster of MKL and oneDNN (row ``GEMMs alone``), the part of a step that no
+    fusion or layout change removes.
+
     Returns one dict per (implementation, precision): ``seconds`` (median step), ``ratio`` (speed over the first
-    row of that precision), ``peak_mib`` (None where not measured), ``mem_ratio`` (over the first row's).
+    row of that precision), ``gemm_ratio`` (the plugin's seconds over its GEMM-only time; None for peers),
+    ``peak_mib`` (None where not measured), ``mem_ratio`` (over the first row's).
     """
+    from mmplugin.analysis.gemm_floor import gemm_calls, gemm_seconds, linear_shapes, training_shapes
     from mmplugin.analysis.memory import peak_memory, supports_checkpointing
     from mmplugin.analysis.peers import benchmark_models
     torch.manual_seed(0)
@@ -190,7 +197,9 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
                 ref_out = out
             if len(out) == len(ref_out) and all(a.shape == b.shape for a, b in zip(out, ref_out)):
                 same[name] = m  # the same function (shapes match), e.g. not a ResNet peer
-    fns = {}
+    shapes = training_shapes(linear_shapes(models['mmplugin'], x))
+    precisions = {'fp32': torch.float32, **({'bf16 autocast': torch.bfloat16} if bf16 else {})}
+    fns = {(p, *key): fn for p, d in precisions.items() for key, fn in gemm_calls(shapes, d, bias=False).items()}
     for name, m in same.items():
         if name.endswith('deploy'):
             continue  # a deployed model has no BatchNorm to train
@@ -205,11 +214,18 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
                 opt.step()
             fns[(name, 'bf16 autocast' if dtype else 'fp32')] = step
     times = interleaved(fns, rounds)
+    gemm = {p: gemm_seconds({key[1:]: times.pop(key) for key in list(times) if key[0] == p and key[1] == 'gemm'},
+                            shapes)[0] for p in precisions}
     rows, first = [], {}
     for (name, precision), sec in times.items():
         first.setdefault(precision, sec)
         rows.append(dict(backbone=f'{family} {arch}', impl=name, precision=precision, seconds=sec,
-                         ratio=first[precision] / sec, peak_mib=None, mem_ratio=None, size=list(size)))
+                         ratio=first[precision] / sec, gemm_ratio=sec / gemm[precision] if name == 'mmplugin' else None,
+                         peak_mib=None, mem_ratio=None, size=list(size)))
+    for p, sec in gemm.items():
+        rows.append(dict(backbone=f'{family} {arch}', impl='GEMMs alone (forward + both gradients)', precision=p,
+                         seconds=sec, ratio=first[p] / sec, gemm_ratio=1.0, peak_mib=None, mem_ratio=None,
+                         size=list(size)))
     if memory:
         names = list(dict.fromkeys([next(iter(same)), 'mmplugin']))
         base = None
@@ -220,7 +236,7 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
                 mib = peak_memory(family, arch, name, size, cp, 'cpu')
                 base = base or mib
                 rows.append(dict(backbone=f'{family} {arch}', impl=name + (' with_cp' if cp else ''),
-                                 precision='fp32 (memory)', seconds=None, ratio=None, peak_mib=mib,
+                                 precision='fp32 (memory)', seconds=None, ratio=None, gemm_ratio=None, peak_mib=mib,
                                  mem_ratio=mib / base, size=list(size)))
     return rows
 

@@ -101,14 +101,16 @@ def main(argv=None):
             print(f'\ntiming {family} {arch} training steps at batch 2, {tsize[0]}x{tsize[1]} ...', flush=True)
             train += training_rows(family, arch, tsize, args.rounds, bf16)
         print(f'\n| backbone training step (batch 2, {tsize[0]}x{tsize[1]}, AdamW) | implementation | precision | '
-              'ms | speed vs first row | peak MiB | memory vs first |')
-        print('|---|---|---|---|---|---|---|')
+              'ms | speed vs first row | x its GEMMs | peak MiB | memory vs first |')
+        print('|---|---|---|---|---|---|---|---|')
         for r in train:
             ms = '-' if r['seconds'] is None else f'{1000 * r["seconds"]:.0f}'
             speed = '-' if r['ratio'] is None else f'{r["ratio"]:.2f}x'
+            gemm = '-' if r['gemm_ratio'] is None else f'{r["gemm_ratio"]:.2f}x'
             mem = '-' if r['peak_mib'] is None else f'{r["peak_mib"]:.0f}'
             mratio = '-' if r['mem_ratio'] is None else f'{r["mem_ratio"]:.2f}x'
-            print(f'| {r["backbone"]} | {r["impl"]} | {r["precision"]} | {ms} | {speed} | {mem} | {mratio} |')
+            print(f'| {r["backbone"]} | {r["impl"]} | {r["precision"]} | {ms} | {speed} | {gemm} | {mem} | '
+                  f'{mratio} |')
     whole = []
     for spec in args.whole:
         config, _, at = spec.partition('@')

@@ -98,6 +98,49 @@ def test_gemm_floor_counts_the_faster_kernel_of_each_shape():
     assert torch.allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_training_shapes_are_the_products_autograd_runs():
+    """``training_shapes`` of a forward's linears and 1x1 convolutions equals, as a multiset of ``(rows, reduction,
+    columns)``, the matrix products that a forward + backward actually dispatches (``mm`` / ``addmm`` / 1x1
+    convolutions and their backward recorded at the aten level, with operand shapes), and its FLOPs equal torch's
+    own FLOP counter for the step."""
+    import collections
+
+    import torch
+    from torch import nn
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mmplugin.analysis.gemm_floor import linear_shapes, training_shapes
+
+    class Products(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.shapes = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten.mm.default:
+                (m, k), (_, n) = args[0].shape, args[1].shape
+                self.shapes[(m, k, n)] += 1
+            elif func is torch.ops.aten.addmm.default:
+                (m, k), (_, n) = args[1].shape, args[2].shape
+                self.shapes[(m, k, n)] += 1
+            return out
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 12), nn.GELU(), nn.Linear(12, 5))
+    x = torch.randn(2, 7, 8, requires_grad=True)  # the input's gradient too, as inside a network
+    want = training_shapes(linear_shapes(model, x.detach()))
+    assert want == {(14, 8, 12): 1, (14, 12, 8): 1, (12, 14, 8): 1, (14, 12, 5): 1, (14, 5, 12): 1, (5, 14, 12): 1}
+    rec = Products()
+    with rec:
+        model(x).sum().backward()
+    assert rec.shapes == want
+    with FlopCounterMode(display=False) as counter:
+        model(x).sum().backward()
+    assert counter.get_total_flops() == sum(2 * m * k * n * c for (m, k, n), c in want.items())
+
+
 @pytest.mark.heavy
 def test_gemm_floor_command_line_errors():
     """--help works and a malformed backbone or size is a usage error (exit 2) naming what is expected."""

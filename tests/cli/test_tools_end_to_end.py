@@ -99,14 +99,18 @@ def test_speed_table_rows(capsys):
 
 @pytest.mark.heavy
 def test_speed_table_training_rows(capsys):
-    """--train: one timed training step per implementation of the same function (mmdet's Swin first), then peak
-    memory of a step in fresh processes, the plugin's with and without activation checkpointing, as ratios to the
-    first."""
+    """--train: one timed training step per implementation of the same function (mmdet's Swin first) and the
+    plugin's GEMM-only step, then peak memory of a step in fresh processes, the plugin's with and without activation
+    checkpointing, as ratios to the first."""
     from mmplugin.cli import speed_table
     _, _, train = speed_table.main(['--size', '64x96', '--rounds', '1', '--runtimes', 'eager', '--models',
                                     'swin:tiny', '--bf16', 'off', '--train', '64x96'])
     timed = [r for r in train if r['seconds'] is not None]
-    assert [r['impl'] for r in timed] == ['mmdet-swin', 'mmplugin'] and timed[0]['ratio'] == 1.0
+    gemms = 'GEMMs alone (forward + both gradients)'
+    assert [r['impl'] for r in timed] == ['mmdet-swin', 'mmplugin', gemms] and timed[0]['ratio'] == 1.0
+    # the plugin's step over its own GEMM-only step, timed in the same rounds; no such ratio for a peer
+    assert timed[1]['gemm_ratio'] == pytest.approx(timed[1]['seconds'] / timed[2]['seconds'])
+    assert timed[0]['gemm_ratio'] is None and timed[2]['gemm_ratio'] == 1.0
     mem = {r['impl']: r for r in train if r['peak_mib'] is not None}
     # mmdet's SwinTransformer takes with_cp only as a constructor argument (analysis.memory.supports_checkpointing)
     assert set(mem) == {'mmdet-swin', 'mmplugin', 'mmplugin with_cp'}

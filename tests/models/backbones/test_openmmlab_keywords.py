@@ -53,6 +53,31 @@ def test_mmdet_keywords_equal_mmdet(kwargs):
         assert rel_err(a, b) < FP64_PARITY
 
 
+def test_training_gradients_equal_mmdet(monkeypatch):
+    """A training forward + backward at a padded, shifted size (windows 7 on 71x90): the plugin's explicit CPU
+    attention path (taken because the position bias is learnt) gives every parameter the gradient mmdet's Swin
+    gives it with the same weights. In float64, so the bound is the same function's rounding on any CPU's kernels
+    (fp32 errors grow along the backward chain beyond a single computation's)."""
+    from mmplugin.models.backbones.swin import attention
+    calls = []
+    explicit = attention._attend_explicit
+    monkeypatch.setattr(attention, '_attend_explicit', lambda *a: calls.append(1) or explicit(*a))
+    ours, theirs = _mmdet_pair(**SMALL, drop_path_rate=0.0)
+    ours.double().train()
+    theirs.double().train()
+    x = torch.randn(2, 3, 71, 90, dtype=torch.float64)
+    weights = [torch.randn(o.shape, dtype=torch.float64) for o in ours(x)]
+    for model in (ours, theirs):
+        sum((o * w).sum() for o, w in zip(model(x), weights)).backward()
+    assert len(calls) == 2 * sum(SMALL['depths'])  # the plugin's two forwards, every block explicit
+    # the layout conversion only renames and permutes, so it maps gradients as it maps weights
+    mine = plugin_to_mmdet_swin({n: p.grad for n, p in ours.named_parameters() if p.grad is not None})
+    want = {n: p.grad for n, p in theirs.named_parameters() if p.grad is not None}
+    assert mine.keys() == want.keys()
+    for name, g in want.items():
+        assert rel_err(mine[name], g) < FP64_PARITY, name
+
+
 def test_dropout_rates_act_in_training_only():
     base = randomize_(SwinTransformer(SMALL, drop_path_rate=0.0), seed=4)
     drop = SwinTransformer(SMALL, drop_path_rate=0.0, drop_rate=0.3, attn_drop_rate=0.3)
