@@ -89,6 +89,21 @@ def test_pad_small_map_false_is_the_classification_formulation(v2, ws, hw, windo
     assert rel_err(other[3], want[3]) > 10 * FP32_PARITY, 'the default must differ, or the test proves nothing'
 
 
+@pytest.mark.parametrize('h, w, ws, shift', [(14, 21, 7, 3), (13, 19, 7, 3), (13, 19, 7, 0), (16, 16, 8, 4)])
+def test_window_gathers_have_exact_gradients(h, w, ws, shift):
+    """The window partition and its reverse carry each other as their backward (they are each other's transpose:
+    pad + permutation against inverse permutation + crop): ``gradcheck`` in float64 against finite differences,
+    divisible and padded maps, shifted and not; and the backward does not fall back to autograd's scatter."""
+    from mmplugin.models.backbones.swin.windows import WindowGeometry
+    geom = WindowGeometry(h, w, ws, shift, torch.device('cpu'), torch.float64)
+    x = torch.randn(2, h, w, 3, dtype=torch.float64, requires_grad=True)
+    win = torch.randn(2 * geom.num_windows, ws * ws, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(geom.partition, (x, ))
+    assert torch.autograd.gradcheck(lambda t: geom.reverse(t, 2), (win, ))
+    assert type(geom.partition(x).grad_fn).__name__ == '_PartitionBackward'
+    assert type(geom.reverse(win, 2).grad_fn).__name__ == '_ReverseBackward'
+
+
 def test_sizes_change_between_calls_no_stale_mask():
     model, ref = _pair(False)
     with torch.no_grad():

@@ -113,13 +113,54 @@ class WindowGeometry:
 
     def partition(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, H, W, C)`` -> ``(B * nW, ws*ws, C)``: pad bottom/right, cyclic shift, cut windows."""
+        if _gather_with_adjoint(x):
+            return _Partition.apply(x, self)
+        return self._partition(x)
+
+    def reverse(self, win: torch.Tensor, b: int) -> torch.Tensor:
+        """``(B * nW, ws*ws, C)`` -> ``(B, H, W, C)``: merge windows, undo the shift, crop the padding."""
+        if _gather_with_adjoint(win):
+            return _Reverse.apply(win, self, b)
+        return self._reverse(win, b)
+
+    def _partition(self, x: torch.Tensor) -> torch.Tensor:
         b, h, w, c = x.shape
         if self.traced or (self.hp, self.wp) != (h, w):
             x = F.pad(x, (0, 0, 0, self.wp - w, 0, self.hp - h))
         x = x.reshape(b, self.hp * self.wp, c).index_select(1, self.fwd)
         return x.view(b * self.num_windows, self.ws * self.ws, c)
 
-    def reverse(self, win: torch.Tensor, b: int) -> torch.Tensor:
-        """``(B * nW, ws*ws, C)`` -> ``(B, H, W, C)``: merge windows, undo the shift, crop the padding."""
+    def _reverse(self, win: torch.Tensor, b: int) -> torch.Tensor:
         c = win.shape[-1]
         return win.reshape(b, self.hp * self.wp, c).index_select(1, self.inv).view(b, self.h, self.w, c)
+
+
+# ------------------------------------------------------------------------- gradients of the window gathers
+# ``partition`` is a zero pad followed by a permutation of the padded positions, and ``reverse`` is the inverse
+# permutation followed by the crop, so each is the other's adjoint (transpose). Autograd's own backward of an
+# ``index_select`` zero-fills the input's shape and scatter-adds into it (``index_add_``); the adjoint is one more
+# gather, with no zero fill and no scatter.
+def _gather_with_adjoint(x: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and x.requires_grad and not is_tracing()
+
+
+class _Partition(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, geom):
+        ctx.geom, ctx.b = geom, x.shape[0]
+        return geom._partition(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.geom._reverse(grad.contiguous(), ctx.b), None
+
+
+class _Reverse(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, win, geom, b):
+        ctx.geom = geom
+        return geom._reverse(win, b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.geom._partition(grad.contiguous()), None, None
