@@ -116,10 +116,10 @@ def _fewer_rois(cfg, rois=64):
     train, test = cfg.model.get('train_cfg') or {}, cfg.model.get('test_cfg') or {}
     rcnn = train.get('rcnn')
     for stage in (rcnn if isinstance(rcnn, list) else [rcnn] if rcnn else []):
-        if 'sampler' in stage and 'num' in stage.sampler:
+        if stage and stage.get('sampler') and 'num' in stage.sampler:
             stage.sampler.num = min(stage.sampler.num, rois)
-    for key, cap in (('rpn_proposal', train), ('rpn', test)):
-        if key in cap and 'max_per_img' in cap[key]:
+    for key, cap in (('rpn_proposal', train), ('rpn', test)):  # None where a detector has no RPN (Sparse R-CNN)
+        if cap.get(key) and 'max_per_img' in cap[key]:
             cap[key].max_per_img = min(cap[key].max_per_img, 100)
 
 

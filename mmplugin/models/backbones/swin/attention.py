@@ -108,10 +108,10 @@ def _attend(q, k, v, bias: torch.Tensor, b: int, scale: float | None, per_window
 
 
 def _explicit_for_training(q: torch.Tensor, bias: torch.Tensor) -> bool:
-    """CPU fp32 (or float64) training with a learnt bias: SDPA's fused CPU kernel has no gradient for its mask, so SDPA falls back
-    to its math path (a safe softmax that scans every row for full masking, the broadcast bias copied per window);
-    the explicit products below compute the same function 1.2-1.4x faster forward + backward (Swin-T's stages at
-    512x768, batch 2, AMD EPYC family 25, 2 threads)."""
+    """CPU fp32 (or float64) training with a learnt bias: SDPA's fused CPU kernel has no gradient for its mask, so
+    SDPA falls back to its math path (a safe softmax that scans every row for full masking, the broadcast bias
+    copied per window); the explicit products below compute the same function 1.2-1.4x faster forward + backward
+    (Swin-T's stages at 512x768, batch 2, AMD EPYC family 25, 2 threads)."""
     return (q.device.type == 'cpu' and q.dtype in _EXPLICIT_DTYPES and bias.dtype == q.dtype
             and torch.is_grad_enabled() and bias.requires_grad and not is_tracing())
 
