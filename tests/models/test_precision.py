@@ -182,7 +182,9 @@ def test_compiled_swin_v2_training_step_equals_eager():
     gradient equal eager within fp32 rounding."""
     torch.manual_seed(0)
     from conftest import randomize_
-    eager = randomize_(SwinTransformerV2(dict(embed_dims=16, depths=[2, 2, 2, 2], num_heads=[1, 2, 2, 4]),
+    # two blocks (regular + shifted windows) where the maps are padded and shifted, one in the last two stages: the
+    # compile time grows with the blocks
+    eager = randomize_(SwinTransformerV2(dict(embed_dims=16, depths=[2, 2, 1, 1], num_heads=[1, 2, 2, 4]),
                                          drop_path_rate=0.), seed=3).train()
     import copy
     compiled_model = copy.deepcopy(eager)
@@ -244,7 +246,7 @@ def test_demo_models_train_50_amp_iterations_on_the_cpu(task, dtype, demo_root, 
         opts += [f'val_evaluator.ann_file={ann}', f'test_evaluator.ann_file={ann}']
     opts += ['train_cfg.max_iters=50', 'train_cfg.val_interval=1000', 'train_dataloader.num_workers=0',
              'train_dataloader.persistent_workers=False', 'default_hooks.checkpoint.interval=1000',
-             'train_dataloader.batch_size=2']  # 2 images a step: CPUs without fp16 / bf16 kernels emulate them
+             'train_dataloader.batch_size=1']  # 1 image a step: CPUs without fp16 / bf16 kernels emulate them
     if task == 'seg':  # the segmentor clips nothing; a bound no gradient reaches makes the wrapper log the norm
         opts += ['optim_wrapper.clip_grad.max_norm=1e12']
     assert main([config, '--work-dir', str(tmp_path), '--amp-dtype', dtype, '--cfg-options', *opts]) == 0

@@ -34,6 +34,7 @@ from mmplugin.models.backbones.swin.windows import (
 )
 from mmplugin.models.layers.fusion import linear
 from mmplugin.models.layers.precision import fp32_normalize
+from mmplugin.models.layers.recompute import window_softmax_attention
 
 __all__ = [
     'WindowAttentionBase', 'WindowAttention', 'WindowAttentionV2', 'WindowGeometry', 'coordinate_window',
@@ -81,6 +82,10 @@ def log_spaced_coords(ws: int, pretrained_ws: int) -> torch.Tensor:
 def _split_heads(qkv: torch.Tensor, heads: int):
     bw, n, c3 = qkv.shape
     qkv = qkv.view(bw, n, 3, heads, c3 // (3 * heads)).permute(2, 0, 3, 1, 4)
+    if torch.is_grad_enabled():
+        # one gradient node that stacks the three gradients, where indexing zero-fills a full (3, ...) buffer for
+        # each of q, k and v and adds the three
+        return qkv.unbind(0)
     return qkv[0], qkv[1], qkv[2]  # (B*nW, heads, N, d) each
 
 
@@ -121,13 +126,18 @@ _EXPLICIT_DTYPES = (torch.float32, torch.float64)
 
 def _attend_explicit(q, k, v, bias: torch.Tensor, b: int, scale: float | None, dropout: float) -> torch.Tensor:
     """``softmax(scale * q k^T + bias) v`` as batched products (mmdet's and the official formulation), the bias
-    ``(nW | 1, heads, N, N)`` broadcast over the ``b`` images by a view. Returns ``(B*nW, N, heads * d)``."""
+    ``(nW | 1, heads, N, N)`` broadcast over the ``b`` images by a view; without dropout the probabilities are
+    recomputed in the backward instead of kept (:func:`mmplugin.models.layers.recompute.window_softmax_attention`).
+    Returns ``(B*nW, N, heads * d)``."""
     bw, heads, n, d = q.shape
-    logits = torch.matmul(q * (d**-0.5 if scale is None else scale), k.transpose(-2, -1))
-    probs = (logits.view(b, bw // b, heads, n, n) + bias).view(bw, heads, n, n).softmax(-1)
+    scale = d**-0.5 if scale is None else scale
     if dropout:
-        probs = F.dropout(probs, dropout)
-    return torch.matmul(probs, v).transpose(1, 2).reshape(bw, n, heads * d)
+        logits = torch.matmul(q * scale, k.transpose(-2, -1))
+        probs = (logits.view(b, bw // b, heads, n, n) + bias).view(bw, heads, n, n).softmax(-1)
+        out = torch.matmul(F.dropout(probs, dropout), v)
+    else:
+        out = window_softmax_attention(q, k, v, bias, b, scale)
+    return out.transpose(1, 2).reshape(bw, n, heads * d)
 
 
 def coordinate_window(pretrained_window_size: int, window_size: int) -> int:

@@ -12,6 +12,7 @@ from mmplugin.models.backbones.swin.attention import WindowAttention, WindowAtte
 from mmplugin.models.backbones.swin.windows import WindowGeometry, must_pad, padded_size
 from mmplugin.models.layers.drop import DropPath
 from mmplugin.models.layers.fusion import linear, linear_act, linear_add
+from mmplugin.models.layers.recompute import gelu_linear, layer_norm_linear, recompute_applies
 
 __all__ = ['Mlp', 'SwinBlock', 'PatchMerging', 'SwinStage']
 
@@ -21,7 +22,9 @@ class Mlp(nn.Module):
 
     At inference on a CPU (fp32, no autograd) GELU runs inside the fc1 GEMM and, through :meth:`forward_residual`,
     the block's residual add inside the fc2 GEMM (oneDNN post-ops, :mod:`mmplugin.models.layers.fusion`): two
-    passes over the 4C-wide hidden map and one over the C-wide output fewer per block.
+    passes over the 4C-wide hidden map and one over the C-wide output fewer per block. In CPU training the backward
+    recomputes ``GELU(h)`` instead of keeping it beside ``h`` (:mod:`mmplugin.models.layers.recompute`): 4C values
+    per token and block less held through the step.
     """
 
     def __init__(self, dim: int, hidden: int, drop: float = 0.0):
@@ -30,14 +33,25 @@ class Mlp(nn.Module):
         self.fc2 = nn.Linear(hidden, dim)
         self.drop = nn.Dropout(drop)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
+        """``mlp(x)``, or ``mlp(norm(x))`` with the ``nn.LayerNorm`` ``norm`` (V1's pre-norm: in CPU training the
+        backward then recomputes ``norm(x)`` instead of keeping it)."""
+        if self.drop.p == 0 and recompute_applies(x):  # training: keeps fc1's output, not also GELU's
+            h = (layer_norm_linear(x, norm, self.fc1.weight, self.fc1.bias) if norm is not None
+                 else F.linear(x, self.fc1.weight, self.fc1.bias))
+            return gelu_linear(h, self.fc2.weight, self.fc2.bias)
+        if norm is not None:
+            x = norm(x)
         return self.drop(linear(self.drop(linear_act(x, self.fc1, 'gelu')), self.fc2))
 
-    def forward_residual(self, x: torch.Tensor, residual: torch.Tensor, drop_path: nn.Module) -> torch.Tensor:
-        """``residual + drop_path(mlp(x))``: the add fused into fc2 when nothing random runs between them."""
+    def forward_residual(self, x: torch.Tensor, norm: nn.Module, drop_path: nn.Module) -> torch.Tensor:
+        """``x + drop_path(mlp(norm(x)))`` (V1's second half): the add fused into fc2 when nothing random runs
+        between them."""
         if self.training and (self.drop.p > 0 or drop_path.p > 0):
-            return residual + drop_path(self.forward(x))
-        return linear_add(linear_act(x, self.fc1, 'gelu'), self.fc2, residual)
+            return x + drop_path(self.forward(x, norm))
+        if self.drop.p == 0 and recompute_applies(x):
+            return x + self.forward(x, norm)
+        return linear_add(linear_act(norm(x), self.fc1, 'gelu'), self.fc2, x)
 
 
 class SwinBlock(nn.Module):
@@ -70,7 +84,7 @@ class SwinBlock(nn.Module):
             x = x + self.drop_path(self.norm1(self.attn(x, geom)))
             return x + self.drop_path(self.norm2(self.mlp(x)))
         x = x + self.drop_path(self.attn(self.norm1(x), geom))
-        return self.mlp.forward_residual(self.norm2(x), x, self.drop_path)
+        return self.mlp.forward_residual(x, self.norm2, self.drop_path)
 
 
 class PatchMerging(nn.Module):
