@@ -7,8 +7,8 @@ for GELU's gradient and ``GELU(h)`` for fc2's weight gradient: 8C values per tok
 and the attention probabilities (``heads * N`` per token, more than C in every stage). The GEMMs are not repeated
 (that is what activation checkpointing trades); the backward repeats one GELU, one LayerNorm and one ``(N, N)``
 product + softmax per window and head. Swin-T, 512x768, batch 2, fp32 (AMD EPYC family 23 model 49, 2 threads):
-the tensors kept for the backward go from 1795 MiB (mmdet's Swin keeps the same) to 1258 MiB, the step's peak RSS
-growth from 2025 to 1642 MiB (mmdet 1999), for 3% more step time (4441 vs 4307 ms, interleaved in one process);
+the tensors kept for the backward go from 1795 MiB (mmdet's Swin keeps the same) to 1229 MiB, the step's peak RSS
+growth from about 2025 to 1637 MiB (mmdet 2057), for 3% more step time (4441 vs 4307 ms, interleaved in one process);
 docs/benchmarks.md has the command.
 
 The functions compute what the plain ops compute with the same ATen calls, so the forward is bit-identical and the
@@ -20,19 +20,24 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
-__all__ = ['recompute_applies', 'layer_norm_linear', 'gelu_linear', 'window_softmax_attention']
+__all__ = ['recompute_applies', 'layer_norm_linear', 'gelu_linear', 'window_softmax', 'window_softmax_attention']
 
 _DTYPES = (torch.float32, torch.float64)
 
 
-def recompute_applies(x: torch.Tensor) -> bool:
-    """Whether the recomputing functions serve ``x``'s op: eager autograd on the CPU in float32 / float64, with a
-    gradient to compute, not traced, exported or compiled, and no autocast (whose dtype the functions would
-    otherwise have to replay in the backward)."""
+def recompute_applies(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
+    """Whether the recomputing functions serve an op on ``x`` with ``params``: eager autograd on the CPU in float32 /
+    float64 with a gradient to compute (``x`` or a parameter requires one; a frozen module keeps its inference
+    path), not traced, exported or compiled, and no autocast (whose dtype the functions would otherwise have to
+    replay in the backward). The backward functions are first-order only (``once_differentiable``): a second
+    derivative through them is an error, not a wrong number."""
     return (x.device.type == 'cpu' and x.dtype in _DTYPES and torch.is_grad_enabled()
+            and (x.requires_grad or any(p is not None and p.requires_grad for p in params))
             and not torch.is_autocast_enabled('cpu') and not torch.jit.is_tracing()
-            and not torch.compiler.is_compiling() and not torch.onnx.is_in_onnx_export())
+            and not torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+            and not torch.onnx.is_in_onnx_export())
 
 
 class _GeluLinear(torch.autograd.Function):
@@ -46,6 +51,7 @@ class _GeluLinear(torch.autograd.Function):
         return F.linear(F.gelu(h), weight, bias)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         h, weight = ctx.saved_tensors
         g2 = grad.reshape(-1, grad.shape[-1])  # (M, N)
@@ -62,7 +68,7 @@ class _GeluLinear(torch.autograd.Function):
 def gelu_linear(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(F.gelu(h), weight, bias)`` (exact erf GELU) on ``(..., K)`` -> ``(..., N)``, keeping only ``h``
     for the backward where :func:`recompute_applies`; the plain ops elsewhere."""
-    if recompute_applies(h):
+    if recompute_applies(h, weight, bias):
         return _GeluLinear.apply(h, weight, bias)
     return F.linear(F.gelu(h), weight, bias)
 
@@ -79,6 +85,7 @@ class _LayerNormLinear(torch.autograd.Function):
         return F.linear(y, weight, bias)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
         x, mean, rstd, gamma, beta, weight = ctx.saved_tensors
         need = ctx.needs_input_grad
@@ -98,53 +105,58 @@ def layer_norm_linear(x: torch.Tensor, norm: torch.nn.LayerNorm, weight: torch.T
                       bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(norm(x), weight, bias)`` on ``(..., C)`` -> ``(..., N)``, keeping ``x`` and the norm's per-token
     statistics for the backward, not ``norm(x)``, where :func:`recompute_applies`; the plain ops elsewhere."""
-    if recompute_applies(x) and norm.elementwise_affine and norm.weight is not None and norm.bias is not None:
+    if (norm.elementwise_affine and norm.weight is not None and norm.bias is not None
+            and recompute_applies(x, norm.weight, norm.bias, weight, bias)):
         return _LayerNormLinear.apply(x, norm.weight, norm.bias, norm.eps, weight, bias)
     return F.linear(norm(x), weight, bias)
 
 
-def _softmax(logits, bias, b: int):
-    """``softmax(logits + bias)`` over the last dim: ``logits`` ``(B*nW, heads, N, N)``, ``bias``
-    ``(nW | 1, heads, N, N)`` shared by the ``b`` images (broadcast by a view)."""
+def window_softmax(logits: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, b: int) -> torch.Tensor:
+    """``softmax(logits + pos + mask)`` over the last dim: ``logits`` ``(B*nW, heads, N, N)``, the position bias
+    ``pos`` ``(1, heads, N, N)`` and the shift mask ``mask`` ``(nW, N, N)`` (or None) shared by the ``b`` images,
+    broadcast by views (mmdet's and the official order: the bias first, then the mask)."""
     bw, heads, n, _ = logits.shape
-    return (logits.view(b, bw // b, heads, n, n) + bias).view(bw, heads, n, n).softmax(-1)
+    logits = logits.view(b, bw // b, heads, n, n) + pos
+    if mask is not None:
+        logits = logits + mask.unsqueeze(1)
+    return logits.view(bw, heads, n, n).softmax(-1)
 
 
 class _WindowAttention(torch.autograd.Function):
-    """``softmax(scale * q k^T + bias) v`` saving ``scale * q``, ``k`` and ``v`` (contiguous: the layout the
-    batched products read, so the backward copies nothing) and the bias, not the probabilities: the backward
-    recomputes them with the forward's own ops (one ``(N, N)`` product and softmax per window and head)."""
+    """``softmax(scale * q k^T + pos + mask) v`` saving ``scale * q``, ``k`` and ``v`` (contiguous: the layout the
+    batched products read) and the position bias, not the probabilities: the backward recomputes them with the
+    forward's own ops (one ``(N, N)`` product and softmax per window and head). The shift mask is the stage's shared
+    buffer, so keeping it costs nothing."""
 
     @staticmethod
-    def forward(ctx, q, k, v, bias, b, scale):
+    def forward(ctx, q, k, v, pos, mask, b, scale):
         qs, k, v = (q * scale).contiguous(), k.contiguous(), v.contiguous()
-        probs = _softmax(torch.matmul(qs, k.transpose(-2, -1)), bias, b)
-        ctx.save_for_backward(qs, k, v, bias)
+        probs = window_softmax(torch.matmul(qs, k.transpose(-2, -1)), pos, mask, b)
+        ctx.save_for_backward(qs, k, v, pos, mask)
         ctx.b, ctx.scale = b, scale
         return torch.matmul(probs, v)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad):
-        qs, k, v, bias = ctx.saved_tensors
+        qs, k, v, pos, mask = ctx.saved_tensors
         b, scale = ctx.b, ctx.scale
-        bw, heads, n, _ = qs.shape
-        probs = _softmax(torch.matmul(qs, k.transpose(-2, -1)), bias, b)
+        probs = window_softmax(torch.matmul(qs, k.transpose(-2, -1)), pos, mask, b)
         d_v = torch.matmul(probs.transpose(-2, -1), grad)
         d_logits = torch._softmax_backward_data(torch.matmul(grad, v.transpose(-2, -1)), probs, -1, probs.dtype)
         del probs
-        d_bias = None
-        if ctx.needs_input_grad[3]:
-            d_bias = d_logits.view(b, bw // b, heads, n, n).sum(0).sum_to_size(bias.shape)
+        d_pos = d_logits.sum_to_size(pos.shape) if ctx.needs_input_grad[3] else None
         d_q = torch.matmul(d_logits, k).mul_(scale)
         d_k = torch.matmul(d_logits.transpose(-2, -1), qs)
-        return d_q, d_k, d_v, d_bias, None, None
+        return d_q, d_k, d_v, d_pos, None, None, None
 
 
-def window_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, b: int,
-                             scale: float) -> torch.Tensor:
-    """``softmax(scale * q k^T + bias) v``: ``q, k, v`` ``(B*nW, heads, N, d)`` -> ``(B*nW, heads, N, d)``, with
-    ``bias`` ``(nW | 1, heads, N, N)`` (position bias, plus the shift mask) shared by the ``b`` images. Keeps no
-    probabilities for the backward where :func:`recompute_applies`; autograd's ops elsewhere."""
-    if recompute_applies(q):
-        return _WindowAttention.apply(q, k, v, bias, b, scale)
-    return torch.matmul(_softmax(torch.matmul(q * scale, k.transpose(-2, -1)), bias, b), v)
+def window_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+                             mask: torch.Tensor | None, b: int, scale: float) -> torch.Tensor:
+    """``softmax(scale * q k^T + pos + mask) v``: ``q, k, v`` ``(B*nW, heads, N, d)`` -> ``(B*nW, heads, N, d)``,
+    with the ``(1, heads, N, N)`` position bias ``pos`` and the ``(nW, N, N)`` shift mask (or None) shared by the
+    ``b`` images. Keeps no probabilities for the backward where :func:`recompute_applies`; autograd's ops
+    elsewhere. The mask takes no gradient."""
+    if recompute_applies(q, k, v, pos):
+        return _WindowAttention.apply(q, k, v, pos, mask, b, scale)
+    return torch.matmul(window_softmax(torch.matmul(q * scale, k.transpose(-2, -1)), pos, mask, b), v)

@@ -34,7 +34,7 @@ from mmplugin.models.backbones.swin.windows import (
 )
 from mmplugin.models.layers.fusion import linear
 from mmplugin.models.layers.precision import fp32_normalize
-from mmplugin.models.layers.recompute import window_softmax_attention
+from mmplugin.models.layers.recompute import window_softmax, window_softmax_attention
 
 __all__ = [
     'WindowAttentionBase', 'WindowAttention', 'WindowAttentionV2', 'WindowGeometry', 'coordinate_window',
@@ -82,22 +82,24 @@ def log_spaced_coords(ws: int, pretrained_ws: int) -> torch.Tensor:
 def _split_heads(qkv: torch.Tensor, heads: int):
     bw, n, c3 = qkv.shape
     qkv = qkv.view(bw, n, 3, heads, c3 // (3 * heads)).permute(2, 0, 3, 1, 4)
-    if torch.is_grad_enabled():
+    if torch.is_grad_enabled() and not is_tracing() and not torch.compiler.is_exporting():
         # one gradient node that stacks the three gradients, where indexing zero-fills a full (3, ...) buffer for
         # each of q, k and v and adds the three
         return qkv.unbind(0)
     return qkv[0], qkv[1], qkv[2]  # (B*nW, heads, N, d) each
 
 
-def _attend(q, k, v, bias: torch.Tensor, b: int, scale: float | None, per_window: bool,
+def _attend(q, k, v, pos: torch.Tensor, mask: torch.Tensor | None, b: int, scale: float | None,
             dropout: float = 0.0) -> torch.Tensor:
-    """SDPA over windows. ``bias``: ``(nW, heads, N, N)`` if ``per_window`` (shift mask) else ``(1, heads, N, N)``,
-    shared by the ``b`` images of the batch; ``dropout`` on the attention probabilities (training only). The branch
-    is on ``per_window`` only (never on a size), so a traced graph serves every batch and window count; for
-    ``b == 1`` the expand-reshape is a view."""
+    """SDPA over windows. ``pos``: the ``(1, heads, N, N)`` position bias; ``mask``: the ``(nW, N, N)`` shift mask
+    or None, shared by the ``b`` images of the batch; ``dropout`` on the attention probabilities (training only).
+    The branch is on whether there is a mask (never on a size), so a traced graph serves every batch and window
+    count; for ``b == 1`` the expand-reshape is a view."""
     bw, heads, n, d = q.shape
-    if _explicit_for_training(q, bias):
-        return _attend_explicit(q, k, v, bias, b, scale, dropout)
+    if _explicit_for_training(q, pos):
+        return _attend_explicit(q, k, v, pos, mask, b, scale, dropout)
+    per_window = mask is not None
+    bias = pos + mask.unsqueeze(1) if per_window else pos  # (nW | 1, heads, N, N)
     if per_window and is_tracing():
         bias = bias.repeat(b, 1, 1, 1)  # a copy for every batch size: no view-or-copy decision, no guard on b
     elif per_window:
@@ -124,19 +126,19 @@ def _explicit_for_training(q: torch.Tensor, bias: torch.Tensor) -> bool:
 _EXPLICIT_DTYPES = (torch.float32, torch.float64)
 
 
-def _attend_explicit(q, k, v, bias: torch.Tensor, b: int, scale: float | None, dropout: float) -> torch.Tensor:
-    """``softmax(scale * q k^T + bias) v`` as batched products (mmdet's and the official formulation), the bias
-    ``(nW | 1, heads, N, N)`` broadcast over the ``b`` images by a view; without dropout the probabilities are
-    recomputed in the backward instead of kept (:func:`mmplugin.models.layers.recompute.window_softmax_attention`).
-    Returns ``(B*nW, N, heads * d)``."""
+def _attend_explicit(q, k, v, pos: torch.Tensor, mask: torch.Tensor | None, b: int, scale: float | None,
+                     dropout: float) -> torch.Tensor:
+    """``softmax(scale * q k^T + pos + mask) v`` as batched products (mmdet's and the official formulation), the
+    position bias and the shift mask broadcast over the windows and the ``b`` images by views; without dropout the
+    probabilities are recomputed in the backward instead of kept
+    (:func:`mmplugin.models.layers.recompute.window_softmax_attention`). Returns ``(B*nW, N, heads * d)``."""
     bw, heads, n, d = q.shape
     scale = d**-0.5 if scale is None else scale
     if dropout:
-        logits = torch.matmul(q * scale, k.transpose(-2, -1))
-        probs = (logits.view(b, bw // b, heads, n, n) + bias).view(bw, heads, n, n).softmax(-1)
+        probs = window_softmax(torch.matmul(q * scale, k.transpose(-2, -1)), pos, mask, b)
         out = torch.matmul(F.dropout(probs, dropout), v)
     else:
-        out = window_softmax_attention(q, k, v, bias, b, scale)
+        out = window_softmax_attention(q, k, v, pos, mask, b, scale)
     return out.transpose(1, 2).reshape(bw, n, heads * d)
 
 
@@ -178,11 +180,8 @@ class WindowAttentionBase(nn.Module):
         b = x.shape[0]
         win = geom.partition(x)
         q, k, v, scale = self.queries_keys_values(win)
-        bias = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
-        if geom.mask is not None:
-            bias = bias + geom.mask.unsqueeze(1)  # (nW, heads, N, N)
-        out = linear(_attend(q, k, v, bias, b, scale, geom.mask is not None, self.attn_drop if self.training else 0.0),
-                     self.proj)
+        pos = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
+        out = linear(_attend(q, k, v, pos, geom.mask, b, scale, self.attn_drop if self.training else 0.0), self.proj)
         return geom.reverse(self.proj_drop(out), b)
 
 

@@ -36,7 +36,8 @@ class Mlp(nn.Module):
     def forward(self, x: torch.Tensor, norm: nn.Module | None = None) -> torch.Tensor:
         """``mlp(x)``, or ``mlp(norm(x))`` with the ``nn.LayerNorm`` ``norm`` (V1's pre-norm: in CPU training the
         backward then recomputes ``norm(x)`` instead of keeping it)."""
-        if self.drop.p == 0 and recompute_applies(x):  # training: keeps fc1's output, not also GELU's
+        if self.drop.p == 0 and recompute_applies(x, self.fc1.weight, self.fc2.weight):
+            # training: keeps fc1's output, not also GELU's (nor the normalised input)
             h = (layer_norm_linear(x, norm, self.fc1.weight, self.fc1.bias) if norm is not None
                  else F.linear(x, self.fc1.weight, self.fc1.bias))
             return gelu_linear(h, self.fc2.weight, self.fc2.bias)
@@ -49,7 +50,7 @@ class Mlp(nn.Module):
         between them."""
         if self.training and (self.drop.p > 0 or drop_path.p > 0):
             return x + drop_path(self.forward(x, norm))
-        if self.drop.p == 0 and recompute_applies(x):
+        if self.drop.p == 0 and recompute_applies(x, self.fc1.weight, self.fc2.weight):
             return x + self.forward(x, norm)
         return linear_add(linear_act(norm(x), self.fc1, 'gelu'), self.fc2, x)
 
