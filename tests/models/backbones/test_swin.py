@@ -42,6 +42,22 @@ def test_equal_to_official_formulation(v2, ws, hw):
             assert rel_err(a, b) < FP32_PARITY
 
 
+@pytest.mark.parametrize('v2', [False, True])
+def test_fused_inference_equals_official_formulation_and_plain_ops(v2):
+    """CPU fp32 inference (oneDNN epilogues; V1's attention residual added inside ``proj`` after the windows are
+    merged back, PatchMerging's reduction on oneDNN) at a padded, shifted size: within fp32 rounding of the official
+    formulation and of the plain ops (fusion disabled)."""
+    from mmplugin.models.layers.fusion import onednn_fusion_disabled
+    model, ref = _pair(v2, seed=2)
+    x = torch.randn(1, 3, 92, 124)
+    with torch.inference_mode():
+        with onednn_fusion_disabled():
+            plain = model(x)
+        got, want = model(x), ref(x)
+    for a, b, c in zip(got, want, plain):
+        assert rel_err(a, b) < FP32_PARITY and rel_err(a, c) < FP32_PARITY
+
+
 def test_v2_pretrained_window_size_changes_the_bias():
     model, ref = _pair(True, ws=12, pws=8)
     x = torch.randn(1, 3, 200, 170)

@@ -32,7 +32,7 @@ from mmplugin.models.backbones.swin.windows import (
     padded_size,
     window_index,
 )
-from mmplugin.models.layers.fusion import linear
+from mmplugin.models.layers.fusion import can_fuse_onednn, linear, linear_add
 from mmplugin.models.layers.precision import fp32_normalize
 from mmplugin.models.layers.recompute import window_softmax, window_softmax_attention
 
@@ -175,14 +175,24 @@ class WindowAttentionBase(nn.Module):
         """``(heads, N, N)`` position bias of a ``ws`` window (default: the configured one), ``N = ws * ws``."""
         raise NotImplementedError
 
-    def forward(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor:
-        """x: ``(B, H, W, C)`` block input (already normalised for V1) -> ``(B, H, W, C)``."""
+    def forward(self, x: torch.Tensor, geom: WindowGeometry, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x: ``(B, H, W, C)`` block input (already normalised for V1) -> ``(B, H, W, C)``, plus ``residual`` (same
+        shape) when given.
+
+        With a residual at CPU fp32 inference the windows are merged back before ``proj`` and the add runs inside
+        the ``proj`` GEMM (:func:`mmplugin.models.layers.fusion.linear_add`; ``proj`` acts per token, so the order
+        does not matter): no separate pass over the map for the residual add, and ``proj`` skips the padding
+        tokens."""
         b = x.shape[0]
         win = geom.partition(x)
         q, k, v, scale = self.queries_keys_values(win)
         pos = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
-        out = linear(_attend(q, k, v, pos, geom.mask, b, scale, self.attn_drop if self.training else 0.0), self.proj)
-        return geom.reverse(self.proj_drop(out), b)
+        out = _attend(q, k, v, pos, geom.mask, b, scale, self.attn_drop if self.training else 0.0)
+        if (residual is not None and not (self.training and self.proj_drop.p > 0)
+                and can_fuse_onednn(out, self.proj.weight)):
+            return linear_add(geom.reverse(out, b), self.proj, residual)
+        out = geom.reverse(self.proj_drop(linear(out, self.proj)), b)
+        return out if residual is None else residual + out
 
 
 class WindowAttention(WindowAttentionBase):

@@ -84,7 +84,10 @@ class SwinBlock(nn.Module):
         if self.v2:
             x = x + self.drop_path(self.norm1(self.attn(x, geom)))
             return x + self.drop_path(self.norm2(self.mlp(x)))
-        x = x + self.drop_path(self.attn(self.norm1(x), geom))
+        if self.training and self.drop_path.p > 0:
+            x = x + self.drop_path(self.attn(self.norm1(x), geom))
+        else:  # the residual add may run inside the attention's output projection
+            x = self.attn(self.norm1(x), geom, residual=x)
         return self.mlp.forward_residual(x, self.norm2, self.drop_path)
 
 
@@ -107,8 +110,8 @@ class PatchMerging(nn.Module):
         # (B, H/2, row, W/2, col, C) -> (B, H/2, W/2, col, row, C): channel block index = 2*col + row
         x = x.view(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).reshape(b, h // 2, w // 2, 4 * c)
         if self.post_norm:
-            return self.norm(self.reduction(x))
-        return self.reduction(self.norm(x))
+            return self.norm(linear(x, self.reduction))
+        return linear(self.norm(x), self.reduction)
 
 
 class SwinStage(nn.Module):
