@@ -2,7 +2,7 @@
 
     python tools/speed_table.py [--size 800x1216] [--rounds 5] [--models swin:tiny swiftformer:l1]
         [--runtimes eager compiled onnxruntime openvino] [--bf16 auto|on|off] [--whole CONFIG[@HxW] ...]
-        [--json F]
+        [--train [HxW]] [--train-detector CONFIG[@HxW] ...] [--json F]
 
 For each backbone (batch 1, eval, random weights): median seconds of interleaved rounds for the family's peers
 (:mod:`mmplugin.analysis.peers`, e.g. mmdet's Swin) and the plugin in eager fp32, compiled by inductor (frozen
@@ -20,6 +20,11 @@ relative error of the outputs against the plugin's eager fp32 outputs). Training
 the share of it spent in ``extract_feat`` (backbone + neck), which bounds what a reduced-precision backbone
 (``tools/test.py --fast``) can gain on the whole model.
 
+``--train-detector CONFIG`` times a whole Swin V1 detector's training step (batch 2, AdamW, fp32) with the plugin's
+backbone against the same detector with mmdet's ``SwinTransformer``: same weights, batch and sampling
+(:mod:`mmplugin.analysis.detector_step`), plus the peak memory of a step of each in a fresh process. ``--models``
+with no value leaves the backbone rows out.
+
 Numbers depend on the processor: the CPU model and the command are printed with the table; quote them with it.
 """
 from __future__ import annotations
@@ -33,8 +38,38 @@ import tempfile
 import torch
 
 from mmplugin.analysis import load_warning
+from mmplugin.analysis.detector_step import detector_training_rows
 from mmplugin.analysis.speed import backbone_rows, cpu_description, training_rows, whole_model_rows
 from mmplugin.cli.common import add_retain_memory_option, apply_retain_memory_option, run_tool, tool_main
+
+
+def _print_backbone_rows(rows: list[dict], size) -> None:
+    print(f'\n| backbone ({size[0]}x{size[1]}, batch 1) | implementation | runtime | precision | ms | GFLOP/s | '
+          'matmul peak GFLOP/s | % of peak | speed vs first row | x its GEMMs | max rel. error vs plugin eager fp32 '
+          '(- : another network) |')
+    print('|---|---|---|---|---|---|---|---|---|---|---|')
+    for r in rows:
+        pk, gf = r['peak_gflops'], r['gflops']
+        share = f'{100 * gf / pk:.0f}%' if pk and gf else '-'
+        err = '-' if r['rel_err'] is None else f'{r["rel_err"]:.1e}'
+        gemm = '-' if r['gemm_ratio'] is None else f'{r["gemm_ratio"]:.2f}x'
+        print(f'| {r["backbone"]} ({r["model_gflop"]:.0f} GFLOP) | {r["impl"]} | {r["runtime"]} | {r["precision"]} | '
+              f'{1000 * r["seconds"]:.0f} | {"-" if gf is None else f"{gf:.0f}"} | {pk or 0:.0f} | {share} | '
+              f'{r["ratio"]:.2f}x | {gemm} | {err} |')
+
+
+def _print_detector_rows(rows: list[dict]) -> None:
+    print('\n| detector training step (AdamW, fp32) | backbone | ms | speed vs mmdet | peak MiB | memory vs mmdet | '
+          'first-step loss |')
+    print('|---|---|---|---|---|---|---|')
+    for r in rows:
+        ms = '-' if r['seconds'] is None else f'{1000 * r["seconds"]:.0f}'
+        speed = '-' if r['ratio'] is None else f'{r["ratio"]:.2f}x'
+        mem = '-' if r['peak_mib'] is None else f'{r["peak_mib"]:.0f}'
+        mratio = '-' if r['mem_ratio'] is None else f'{r["mem_ratio"]:.2f}x'
+        loss = '-' if r['losses'] is None else f'{r["losses"]["loss"]:.6f}'
+        print(f'| {osp.basename(r["config"])} (batch {r["batch"]}, {r["size"][0]}x{r["size"][1]}) | {r["impl"]} | '
+              f'{ms} | {speed} | {mem} | {mratio} | {loss} |')
 
 
 @tool_main
@@ -42,7 +77,8 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--size', default='800x1216', help='HxW (default 800x1216, a COCO test image)')
     p.add_argument('--rounds', type=int, default=5)
-    p.add_argument('--models', nargs='+', default=['swin:tiny', 'swiftformer:l1'], help='FAMILY:ARCH')
+    p.add_argument('--models', nargs='*', default=['swin:tiny', 'swiftformer:l1'],
+                   help='FAMILY:ARCH (none: no backbone rows, e.g. with --train-detector alone)')
     p.add_argument('--runtimes', nargs='*', default=['eager', 'onnxruntime', 'openvino'],
                    choices=['eager', 'compiled', 'onnxruntime', 'openvino'],
                    help='compiled: torch.compile (inductor, frozen weights, static shape; minutes to compile)')
@@ -53,6 +89,10 @@ def main(argv=None):
     p.add_argument('--train', nargs='?', const='512x768', default=None, metavar='HxW',
                    help='also time backbone training steps (batch 2, forward + backward + AdamW; default 512x768) '
                         'and their peak memory (fresh processes, with and without activation checkpointing)')
+    p.add_argument('--train-detector', nargs='*', default=[], metavar='CONFIG[@HxW]',
+                   help='Swin V1 detector configs whose whole training step (batch 2, AdamW, fp32) is timed with the '
+                        "plugin's backbone and with mmdet's SwinTransformer (same weights, data and sampling), with "
+                        'the peak memory of a step in fresh processes (at 512x768 unless @HxW)')
     p.add_argument('--threads', type=int, default=None)
     p.add_argument('--json', default=None)
     add_retain_memory_option(p)
@@ -81,18 +121,8 @@ def main(argv=None):
             family, arch = spec.split(':')
             print(f'timing {family} {arch} at {size[0]}x{size[1]} ...', flush=True)
             rows += backbone_rows(family, arch, size, args.rounds, args.runtimes, bf16, workdir)
-    print(f'\n| backbone ({size[0]}x{size[1]}, batch 1) | implementation | runtime | precision | ms | GFLOP/s | '
-          'matmul peak GFLOP/s | % of peak | speed vs first row | x its GEMMs | max rel. error vs plugin eager fp32 '
-          '(- : another network) |')
-    print('|---|---|---|---|---|---|---|---|---|---|---|')
-    for r in rows:
-        pk, gf = r['peak_gflops'], r['gflops']
-        share = f'{100 * gf / pk:.0f}%' if pk and gf else '-'
-        err = '-' if r['rel_err'] is None else f'{r["rel_err"]:.1e}'
-        gemm = '-' if r['gemm_ratio'] is None else f'{r["gemm_ratio"]:.2f}x'
-        print(f'| {r["backbone"]} ({r["model_gflop"]:.0f} GFLOP) | {r["impl"]} | {r["runtime"]} | {r["precision"]} | '
-              f'{1000 * r["seconds"]:.0f} | {"-" if gf is None else f"{gf:.0f}"} | {pk or 0:.0f} | {share} | '
-              f'{r["ratio"]:.2f}x | {gemm} | {err} |')
+    if rows:
+        _print_backbone_rows(rows, size)
     train = []
     if args.train:
         tsize = tuple(int(v) for v in args.train.lower().split('x'))
@@ -122,10 +152,19 @@ def main(argv=None):
               f'extract_feat (backbone + neck) {1000 * r["extract_feat_seconds"]:.0f} ms = '
               f'{100 * r["extract_feat_share"]:.0f}%: however fast the backbone + neck, the whole model gains at most '
               f'{1 / max(1 - r["extract_feat_share"], 1e-9):.1f}x')
+    detector = []
+    for spec in args.train_detector:
+        config, _, at = spec.partition('@')
+        dsize = tuple(int(v) for v in at.lower().split('x')) if at else (512, 768)
+        print(f'\ntiming training steps of {osp.basename(config)} at batch 2, {dsize[0]}x{dsize[1]} ...', flush=True)
+        detector += detector_training_rows(config, dsize, args.rounds)
+    if detector:
+        _print_detector_rows(detector)
     if args.json:
         with open(args.json, 'w') as f:
-            json.dump(dict(cpu=cpu, command=command, rows=rows, train=train, whole=whole), f, indent=2)
-    return rows, whole, train
+            json.dump(dict(cpu=cpu, command=command, rows=rows, train=train, whole=whole, detector=detector), f,
+                      indent=2)
+    return rows, whole, train, detector
 
 
 if __name__ == '__main__':

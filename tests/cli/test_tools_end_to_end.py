@@ -83,10 +83,10 @@ def test_speed_table_rows(capsys):
     function carry their error against the plugin's eager fp32 outputs (< conftest.FP32_PARITY); the plugin's
     rows carry their time over the GEMM-only time, which is the sum of its GEMMs (so below the forward's)."""
     from mmplugin.cli import speed_table
-    rows, whole, train = speed_table.main(['--size', '64x96', '--rounds', '1', '--runtimes', 'eager', '--models',
-                                           'swin:tiny', '--bf16', 'off'])
+    rows, whole, train, detector = speed_table.main(['--size', '64x96', '--rounds', '1', '--runtimes', 'eager',
+                                                     '--models', 'swin:tiny', '--bf16', 'off'])
     by_impl = {r['impl']: r for r in rows}
-    assert set(by_impl) == {'GEMMs alone', 'mmdet-swin', 'mmplugin'} and not whole and not train
+    assert set(by_impl) == {'GEMMs alone', 'mmdet-swin', 'mmplugin'} and not whole and not train and not detector
     assert by_impl['mmdet-swin']['ratio'] == 1.0  # the first peer is the baseline
     assert by_impl['mmdet-swin']['rel_err'] < FP32_PARITY  # mmdet's Swin with the plugin's weights: the same function
     assert by_impl['mmplugin']['rel_err'] == 0.0
@@ -103,7 +103,7 @@ def test_speed_table_training_rows(capsys):
     plugin's GEMM-only step, then peak memory of a step in fresh processes, the plugin's with and without activation
     checkpointing, as ratios to the first."""
     from mmplugin.cli import speed_table
-    _, _, train = speed_table.main(['--size', '64x96', '--rounds', '1', '--runtimes', 'eager', '--models',
+    _, _, train, _ = speed_table.main(['--size', '64x96', '--rounds', '1', '--runtimes', 'eager', '--models',
                                     'swin:tiny', '--bf16', 'off', '--train', '64x96'])
     timed = [r for r in train if r['seconds'] is not None]
     gemms = 'GEMMs alone (forward + both gradients)'
@@ -117,6 +117,27 @@ def test_speed_table_training_rows(capsys):
     assert mem['mmdet-swin']['mem_ratio'] == 1.0 and all(r['peak_mib'] > 0 for r in mem.values())
     assert 'backbone training step (batch 2, 64x96, AdamW)' in capsys.readouterr().out
 
+
+
+@pytest.mark.heavy
+def test_speed_table_detector_training_rows(capsys):
+    """--train-detector: a whole Swin-T Mask R-CNN step with the plugin's backbone and with mmdet's
+    SwinTransformer carrying the same weights (neck and heads copied, the same batch and sampling). Both compute the
+    same function: the first step's RPN losses (which depend on the backbone + neck outputs, not on the proposals)
+    agree to fp32 rounding, and so does the whole loss. Peak memory of a step of each, and of the plugin's with
+    activation checkpointing, in fresh processes."""
+    from mmplugin.cli import speed_table
+    *_, rows = speed_table.main(['--models', '--rounds', '1', '--train-detector',
+                                 'configs/swin/swin_t_maskrcnn_1x_coco.py@96x128'])
+    by = {r['impl']: r for r in rows}
+    assert list(by) == ['mmdet-swin', 'mmplugin', 'mmplugin with_cp']
+    theirs, ours = by['mmdet-swin']['losses'], by['mmplugin']['losses']
+    for k in ('loss_rpn_cls', 'loss_rpn_bbox'):
+        assert abs(ours[k] - theirs[k]) <= 1e-4 * abs(theirs[k]), (k, ours[k], theirs[k])
+    assert abs(ours['loss'] - theirs['loss']) <= 1e-3 * theirs['loss'], (ours, theirs)
+    assert by['mmdet-swin']['ratio'] == 1.0 and by['mmplugin']['seconds'] > 0
+    assert by['mmdet-swin']['mem_ratio'] == 1.0 and all(r['peak_mib'] > 0 for r in rows)
+    assert '| swin_t_maskrcnn_1x_coco.py (batch 2, 96x128) | mmplugin |' in capsys.readouterr().out
 
 def test_missing_dataset_is_reported_before_building(tmp_path):
     t = time.time()
