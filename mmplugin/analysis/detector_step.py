@@ -5,7 +5,7 @@ the same synthetic batch and the same anchor / RoI sampling, so the two differ o
 Why: the backbone is only part of a Mask R-CNN step (the FPN, RPN, RoI heads and the mask head run the same code in
 both), so the whole step's ratio is what a user training a detector sees. Timed interleaved in one process
 (:func:`detector_training_rows`); peak memory of one step of each in a fresh process (``python -m
-mmplugin.analysis.detector_step CONFIG NAME HxW BATCH WITH_CP`` prints a JSON line).
+mmplugin.analysis.detector_step CONFIG NAME HxW BATCH`` prints a JSON line; NAME one of :data:`NAMES`).
 """
 from __future__ import annotations
 
@@ -18,32 +18,45 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ['detector_pair', 'synthetic_batch', 'training_step', 'detector_training_rows', 'step_peak_memory']
+__all__ = ['NAMES', 'detector_pair', 'synthetic_batch', 'training_step', 'detector_training_rows', 'measure_step_peak',
+           'step_peak_memory']
 
 NAMES = ('mmdet-swin', 'mmplugin', 'mmplugin with_cp')
 
 
-def detector_pair(config: str, with_cp: bool = False) -> dict[str, nn.Module]:
+_SAME_AS_MMDET = dict(frozen_stages=-1, norm_eval=False, qk_scale=None)  # settings mmdet's peer is built with
+
+
+def detector_pair(config: str, with_cp: bool = False, only: str | None = None) -> dict[str, nn.Module]:
     """``{'mmdet-swin': detector, 'mmplugin': detector}`` built from ``config`` (a plugin Swin V1 detector config)
-    with random weights, in train mode. Drop path is 0 in both (a random per-sample mask would make the two steps
-    different functions); ``with_cp`` turns on the plugin backbone's activation checkpointing."""
+    with random weights, in train mode; ``only`` (one of those names) builds just that one. Drop path and dropout
+    are 0 in both (random masks would make the two steps different functions); ``with_cp`` sets the plugin
+    backbone's activation checkpointing.
+
+    Raises:
+        ConfigValueError: the config's model is not an mmdet detector with ``mmplugin.SwinTransformer``, or sets a
+            backbone option mmdet's peer would not get (frozen stages, ``norm_eval``, ``qk_scale``).
+    """
     from mmplugin.analysis.peers import swin_peers
     from mmplugin.apis import build_model, load_config
-    from mmplugin.models import SwinTransformer
+    from mmplugin.utils.errors import ConfigValueError
     cfg = load_config(config)
     backbone = cfg.model.backbone
+    if str(backbone.get('type')) != 'mmplugin.SwinTransformer' or cfg.get('default_scope', 'mmdet') != 'mmdet':
+        raise ConfigValueError(f"{config}: the detector training step needs an mmdet detector with "
+                               f"type='mmplugin.SwinTransformer' (Swin V1), got backbone {backbone.get('type')!r}")
+    odd = {k: backbone[k] for k, v in _SAME_AS_MMDET.items() if backbone.get(k, v) != v}
+    if odd:
+        raise ConfigValueError(f'{config}: backbone options {odd} are not passed to mmdet\'s SwinTransformer peer')
     backbone.pop('init_cfg', None)  # no pretrained file: random weights
-    backbone.drop_path_rate = 0.0
+    backbone.update(drop_path_rate=0.0, drop_rate=0.0, attn_drop_rate=0.0, with_cp=with_cp)
     torch.manual_seed(0)
     ours = build_model(cfg)
-    if type(ours.backbone) is not SwinTransformer:
-        raise ValueError(f'{config}: the detector step compares Swin V1 backbones with mmdet\'s, got '
-                         f'{type(ours.backbone).__name__}')
-    theirs = copy.deepcopy(ours)
+    if only == 'mmplugin':
+        return {'mmplugin': ours.train()}
+    theirs = ours if only == 'mmdet-swin' else copy.deepcopy(ours)
     theirs.backbone = swin_peers('', ours.backbone)['mmdet-swin']
-    if with_cp:
-        ours.backbone.with_cp = True
-    return {'mmdet-swin': theirs.train(), 'mmplugin': ours.train()}
+    return {'mmdet-swin': theirs.train()} if only else {'mmdet-swin': theirs.train(), 'mmplugin': ours.train()}
 
 
 def synthetic_batch(size: tuple[int, int], batch: int = 2, num_classes: int = 80, objects: int = 4, seed: int = 0):
@@ -83,6 +96,7 @@ def training_step(model: nn.Module, opt: torch.optim.Optimizer, inputs, samples)
 
 
 def _num_classes(model: nn.Module) -> int:
+    """Classes of the detector's box head (the first stage's for a cascade), for the synthetic labels."""
     head = getattr(getattr(model, 'roi_head', None), 'bbox_head', None)
     head = head[0] if isinstance(head, nn.ModuleList) else head
     return int(getattr(head, 'num_classes', None) or getattr(model.bbox_head, 'num_classes', 80))
@@ -106,6 +120,7 @@ def detector_training_rows(config: str, size=(512, 768), rounds: int = 3, batch:
         first[name] = training_step(m, opt, inputs, samples)  # the same step from the same weights in both
         fns[name] = lambda m=m, opt=opt: training_step(m, opt, inputs, samples)
     times = interleaved(fns, rounds)
+    del models, fns  # two detectors and their optimizer states are not held while the children run
     peaks = {name: step_peak_memory(config, name, size, batch) for name in NAMES} if memory else {}
     base = times['mmdet-swin']
     rows = []
@@ -121,11 +136,11 @@ def detector_training_rows(config: str, size=(512, 768), rounds: int = 3, batch:
 
 
 def measure_step_peak(config: str, name: str, size: tuple[int, int], batch: int) -> float:
-    """In this process: the growth of the RSS high-water mark over one training step of ``name`` (MiB, Linux)."""
+    """In this process: the growth of the RSS high-water mark over one training step of ``name`` (MiB, Linux),
+    the lazily allocated AdamW state included."""
     from mmplugin.analysis.memory import _reset_peak_rss, _status_kib
-    models = detector_pair(config, with_cp=name.endswith('with_cp'))
-    model = models[name.split(' ')[0]]
-    del models
+    base_name = name.split(' ')[0]
+    model = detector_pair(config, with_cp=name.endswith('with_cp'), only=base_name)[base_name]
     inputs, samples = synthetic_batch(size, batch, _num_classes(model))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     if not _reset_peak_rss():

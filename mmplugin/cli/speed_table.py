@@ -40,6 +40,7 @@ import torch
 from mmplugin.analysis import load_warning
 from mmplugin.analysis.detector_step import detector_training_rows
 from mmplugin.analysis.speed import backbone_rows, cpu_description, training_rows, whole_model_rows
+from mmplugin.analysis.timing import parse_hw
 from mmplugin.cli.common import add_retain_memory_option, apply_retain_memory_option, run_tool, tool_main
 
 
@@ -124,7 +125,7 @@ def main(argv=None):
     if rows:
         _print_backbone_rows(rows, size)
     train = []
-    if args.train:
+    if args.train and args.models:
         tsize = tuple(int(v) for v in args.train.lower().split('x'))
         for spec in args.models:
             family, arch = spec.split(':')
@@ -155,7 +156,7 @@ def main(argv=None):
     detector = []
     for spec in args.train_detector:
         config, _, at = spec.partition('@')
-        dsize = tuple(int(v) for v in at.lower().split('x')) if at else (512, 768)
+        dsize = parse_hw(at) if at else (512, 768)
         print(f'\ntiming training steps of {osp.basename(config)} at batch 2, {dsize[0]}x{dsize[1]} ...', flush=True)
         detector += detector_training_rows(config, dsize, args.rounds)
     if detector:
