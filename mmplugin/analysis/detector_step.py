@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
 import sys
 
 import numpy as np
@@ -138,27 +137,21 @@ def detector_training_rows(config: str, size=(512, 768), rounds: int = 3, batch:
 def measure_step_peak(config: str, name: str, size: tuple[int, int], batch: int) -> float:
     """In this process: the growth of the RSS high-water mark over one training step of ``name`` (MiB, Linux),
     the lazily allocated AdamW state included."""
-    from mmplugin.analysis.memory import _reset_peak_rss, _status_kib
+    from mmplugin.analysis.memory import rss_growth_mib
     base_name = name.split(' ')[0]
     model = detector_pair(config, with_cp=name.endswith('with_cp'), only=base_name)[base_name]
     inputs, samples = synthetic_batch(size, batch, _num_classes(model))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    if not _reset_peak_rss():
-        raise RuntimeError('peak memory needs Linux /proc/self/clear_refs')
-    base = _status_kib('VmRSS')
-    training_step(model, opt, inputs, samples)
-    return (_status_kib('VmHWM') - base) / 1024
+    return rss_growth_mib(lambda: training_step(model, opt, inputs, samples))
 
 
 def step_peak_memory(config: str, name: str, size: tuple[int, int], batch: int = 2, timeout: float = 1800) -> float:
     """:func:`measure_step_peak` in a fresh subprocess (MiB)."""
     if name not in NAMES:
         raise ValueError(f'name must be one of {NAMES}, got {name!r}')
-    cmd = [sys.executable, '-m', 'mmplugin.analysis.detector_step', config, name, f'{size[0]}x{size[1]}', str(batch)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr[-2000:])
-    return json.loads(out.stdout.strip().splitlines()[-1])['peak_mib']
+    from mmplugin.analysis.memory import peak_in_subprocess
+    return peak_in_subprocess('mmplugin.analysis.detector_step', [config, name, f'{size[0]}x{size[1]}', str(batch)],
+                              timeout)
 
 
 if __name__ == '__main__':

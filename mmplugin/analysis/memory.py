@@ -13,7 +13,8 @@ import sys
 
 import torch
 
-__all__ = ['peak_memory', 'measure_peak_memory', 'enable_checkpointing', 'supports_checkpointing']
+__all__ = ['peak_memory', 'measure_peak_memory', 'peak_in_subprocess', 'rss_growth_mib', 'enable_checkpointing',
+           'supports_checkpointing']
 
 
 def supports_checkpointing(model: torch.nn.Module) -> bool:
@@ -86,12 +87,27 @@ def measure_peak_memory(family: str, arch: str, name: str, size: tuple[int, int]
 def peak_memory(family: str, arch: str, name: str, size: tuple[int, int], with_cp: bool,
                 device: torch.device | str, timeout: float = 1800) -> float:
     """:func:`measure_peak_memory` in a fresh subprocess (MiB)."""
-    cmd = [sys.executable, '-m', 'mmplugin.analysis.memory', family, arch, name, f'{size[0]}x{size[1]}',
-           str(int(bool(with_cp))), str(device)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    return peak_in_subprocess('mmplugin.analysis.memory', [family, arch, name, f'{size[0]}x{size[1]}',
+                                                           str(int(bool(with_cp))), str(device)], timeout)
+
+
+def peak_in_subprocess(module: str, args: list[str], timeout: float = 1800) -> float:
+    """Run ``python -m module *args`` (a measurement that prints ``{"peak_mib": ...}`` as its last line) and return
+    that figure; the child's stderr tail in the error when it fails."""
+    out = subprocess.run([sys.executable, '-m', module, *args], capture_output=True, text=True, timeout=timeout)
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])['peak_mib']
+
+
+def rss_growth_mib(fn) -> float:
+    """Call ``fn()`` once; the growth of this process's RSS high-water mark over the call in MiB (Linux: the mark is
+    reset to the current RSS first, so what was built before does not hide the call's peak)."""
+    if not _reset_peak_rss():
+        raise RuntimeError('peak memory needs Linux /proc/self/clear_refs')
+    base = _status_kib('VmRSS')
+    fn()
+    return (_status_kib('VmHWM') - base) / 1024
 
 
 if __name__ == '__main__':

@@ -59,18 +59,20 @@ def _print_backbone_rows(rows: list[dict], size) -> None:
               f'{r["ratio"]:.2f}x | {gemm} | {err} |')
 
 
+def _cell(value, fmt: str, scale: float = 1.0) -> str:
+    """A table cell: ``value * scale`` formatted with ``fmt`` (e.g. ``'{:.2f}x'``), ``-`` for a missing value."""
+    return '-' if value is None else fmt.format(value * scale)
+
+
 def _print_detector_rows(rows: list[dict]) -> None:
     print('\n| detector training step (AdamW, fp32) | backbone | ms | speed vs mmdet | peak MiB | memory vs mmdet | '
           'first-step loss |')
     print('|---|---|---|---|---|---|---|')
     for r in rows:
-        ms = '-' if r['seconds'] is None else f'{1000 * r["seconds"]:.0f}'
-        speed = '-' if r['ratio'] is None else f'{r["ratio"]:.2f}x'
-        mem = '-' if r['peak_mib'] is None else f'{r["peak_mib"]:.0f}'
-        mratio = '-' if r['mem_ratio'] is None else f'{r["mem_ratio"]:.2f}x'
-        loss = '-' if r['losses'] is None else f'{r["losses"]["loss"]:.6f}'
+        loss = _cell(r['losses'] and r['losses']['loss'], '{:.6f}')
         print(f'| {osp.basename(r["config"])} (batch {r["batch"]}, {r["size"][0]}x{r["size"][1]}) | {r["impl"]} | '
-              f'{ms} | {speed} | {mem} | {mratio} | {loss} |')
+              f'{_cell(r["seconds"], "{:.0f}", 1000)} | {_cell(r["ratio"], "{:.2f}x")} | '
+              f'{_cell(r["peak_mib"], "{:.0f}")} | {_cell(r["mem_ratio"], "{:.2f}x")} | {loss} |')
 
 
 @tool_main
@@ -135,13 +137,9 @@ def main(argv=None):
               'ms | speed vs first row | x its GEMMs | peak MiB | memory vs first |')
         print('|---|---|---|---|---|---|---|---|')
         for r in train:
-            ms = '-' if r['seconds'] is None else f'{1000 * r["seconds"]:.0f}'
-            speed = '-' if r['ratio'] is None else f'{r["ratio"]:.2f}x'
-            gemm = '-' if r['gemm_ratio'] is None else f'{r["gemm_ratio"]:.2f}x'
-            mem = '-' if r['peak_mib'] is None else f'{r["peak_mib"]:.0f}'
-            mratio = '-' if r['mem_ratio'] is None else f'{r["mem_ratio"]:.2f}x'
-            print(f'| {r["backbone"]} | {r["impl"]} | {r["precision"]} | {ms} | {speed} | {gemm} | {mem} | '
-                  f'{mratio} |')
+            print(f'| {r["backbone"]} | {r["impl"]} | {r["precision"]} | {_cell(r["seconds"], "{:.0f}", 1000)} | '
+                  f'{_cell(r["ratio"], "{:.2f}x")} | {_cell(r["gemm_ratio"], "{:.2f}x")} | '
+                  f'{_cell(r["peak_mib"], "{:.0f}")} | {_cell(r["mem_ratio"], "{:.2f}x")} |')
     whole = []
     for spec in args.whole:
         config, _, at = spec.partition('@')
