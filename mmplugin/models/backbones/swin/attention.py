@@ -152,8 +152,9 @@ class WindowAttentionBase(nn.Module):
     """Multi-head attention within the windows of a ``(B, H, W, C)`` map, written once for Swin V1 and V2.
 
     ``forward``: partition into windows -> :meth:`queries_keys_values` -> SDPA with :meth:`position_bias` (plus the
-    shift mask) -> ``proj`` -> ``proj_drop`` -> reverse. A subclass creates ``proj`` (``nn.Linear(C, C)``) and its
-    own parameters, and supplies the two hooks.
+    shift mask) -> ``proj`` -> ``proj_drop`` -> reverse (+ the block's residual, which at CPU fp32 inference is added
+    inside ``proj`` after the reverse). A subclass creates ``proj`` (``nn.Linear(C, C)``) and its own parameters, and
+    supplies the two hooks.
 
     Args:
         num_heads (int): heads. window_size (int): ws, the configured window.
