@@ -18,8 +18,9 @@ __all__ = ['peak_memory', 'measure_peak_memory', 'peak_in_subprocess', 'rss_grow
 
 
 def supports_checkpointing(model: torch.nn.Module) -> bool:
-    """Whether the model has activation checkpointing (the plugin's switch or OpenMMLab's ``with_cp``)."""
-    return hasattr(model, 'set_grad_checkpointing') or hasattr(model, 'with_cp')
+    """Whether the model has activation checkpointing (the plugin's switch, or OpenMMLab's ``with_cp`` on the model
+    or on its blocks: mmdet's Swin keeps it on the blocks only)."""
+    return hasattr(model, 'set_grad_checkpointing') or any(hasattr(m, 'with_cp') for m in model.modules())
 
 
 def enable_checkpointing(model: torch.nn.Module) -> None:
@@ -27,7 +28,7 @@ def enable_checkpointing(model: torch.nn.Module) -> None:
     (OpenMMLab backbones read their blocks' flags)."""
     if hasattr(model, 'set_grad_checkpointing'):
         model.set_grad_checkpointing(True)
-    elif hasattr(model, 'with_cp'):
+    else:
         for m in model.modules():
             if hasattr(m, 'with_cp'):
                 m.with_cp = True

@@ -20,6 +20,16 @@ What it reports:
   (from the profiler).
 * ``train``: per model and precision, finite losses (fp16 with a GradScaler), median step time, images/s and peak
   ``torch.cuda.max_memory_allocated`` for ``--steps`` forward + backward + AdamW steps on random COCO-like data.
+* ``backbones``: the speed table's rows on the device (:mod:`mmplugin.analysis.device_rows`) for each
+  ``--backbones`` entry: eval forwards at ``--infer-size`` in fp32 (TF32 off), bf16 / fp16 autocast and an fp16
+  model, against the peers with the same weights and the plugin's GEMMs alone; ``--compile`` precisions add a
+  ``torch.compile`` row; training steps at ``--train-size`` (batch 2) with their peak memory, with and without
+  activation checkpointing; the attention operators the Swin forwards and backwards ran.
+
+Where mmcv was installed without its compiled ops (a lent GPU machine with torch and torchvision but no network or
+build time), NMS and RoIAlign run on torchvision's kernels (:func:`mmplugin.engine.mmcv_ops.install_torchvision_kernels`)
+for every detector alike, and the report says so (``mmcv_kernels``). ``--json`` is rewritten after every section, so a
+run stopped early keeps what it measured.
 """
 from __future__ import annotations
 
@@ -35,6 +45,8 @@ from mmplugin.cli.common import run_tool, tool_main
 from mmplugin.config_scope import config_root
 
 ROOT = str(config_root().parent)  # holds configs/
+
+SECTIONS = ('checks', 'backbones', 'detectors')
 
 MODELS = {  # name -> (config, backbone override or None)
     'mmplugin-swin-t': ('configs/swin/swin_t_maskrcnn_1x_coco.py', None),
@@ -198,7 +210,23 @@ def main(argv=None) -> int:
     p.add_argument('--cpu-smoke', action='store_true', help='run on CPU at 64x96, 1 fp32 step of Swin-T (CI)')
     p.add_argument('--precisions', nargs='+', default=None, choices=['fp16', 'bf16', 'fp32'],
                    help='default: the reduced precisions the GPU runs natively (fp16; bf16 from sm80)')
+    p.add_argument('--backbones', nargs='*', default=['swin:tiny', 'swinv2:tiny', 'swiftformer:l1'],
+                   help='FAMILY:ARCH rows of the speed table to run on the device (none: skip them)')
+    p.add_argument('--infer-size', default='800x1216', help='HxW of the backbone inference rows (batch 1)')
+    p.add_argument('--train-size', default='512x768', help='HxW of the backbone training rows (batch 2)')
+    p.add_argument('--rounds', type=int, default=10, help='interleaved rounds of the backbone rows')
+    p.add_argument('--compile', nargs='*', default=[], metavar='PRECISION',
+                   help="precisions of the backbone rows that also get a torch.compile row, e.g. 'bf16 autocast'")
+    p.add_argument('--compile-mode', default='reduce-overhead',
+                   help="torch.compile mode of the --compile rows (default: 'reduce-overhead', CUDA graphs)")
+    p.add_argument('--sections', nargs='+', default=list(SECTIONS), choices=SECTIONS,
+                   help='what to run: the precision / determinism / SDPA checks, the backbone rows, the detector '
+                        'training steps (default: all)')
     args = p.parse_args(argv)
+    from mmplugin.analysis.device_rows import PRECISIONS
+    bad = [c for c in args.compile if c not in PRECISIONS]
+    if bad:
+        p.error(f'--compile takes precisions among {", ".join(map(repr, PRECISIONS))}, got {bad}')
     # deterministic cuBLAS GEMMs need this before the first CUDA GEMM of the process (the checks below run many)
     os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
     import torch
@@ -218,18 +246,34 @@ def main(argv=None) -> int:
         size = tuple(int(v) for v in args.size.lower().split('x'))
         print(f'gpu_check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, '
               f'batch {args.batch} x {size[0]}x{size[1]}, {steps} steps')
-    report = {'device': str(device), 'precision': precision_report(device, quick=args.cpu_smoke),
-              'deterministic': deterministic_backward(device), 'sdpa': sdpa_report(device), 'train': {}}
-    print('fp16 / bf16 against fp32 (autocast and half models):')
-    for k, v in report['precision'].items():
-        print(f'  {k:20s} {v}')
-    print(f"deterministic backward: {report['deterministic']}")
-    ok = all(not v.startswith('FAILED') for v in report['precision'].values())
-    ok &= not report['deterministic'].startswith('FAILED')
-    print('SDPA with the Swin float mask:')
-    for k, v in report['sdpa'].items():
-        print(f'  {k:20s} {v}')
-    for name in names:
+    from mmplugin.engine.mmcv_ops import install_torchvision_kernels
+    kernels = 'torchvision (mmcv without compiled ops)' if install_torchvision_kernels() else 'mmcv'
+
+    def save():
+        if args.json:
+            with open(args.json, 'w') as f:
+                json.dump(report, f, indent=2)
+
+    report = {'device': str(device), 'torch': torch.__version__, 'mmcv_kernels': kernels,
+              'precision': {}, 'deterministic': 'not run', 'sdpa': {}, 'train': {}, 'backbones': {}}
+    print(f'mmcv kernels (NMS, RoIAlign): {kernels}')
+    ok = True
+    if 'checks' in args.sections:
+        report.update(precision=precision_report(device, quick=args.cpu_smoke),
+                      deterministic=deterministic_backward(device), sdpa=sdpa_report(device))
+        save()
+        print('fp16 / bf16 against fp32 (autocast and half models):')
+        for k, v in report['precision'].items():
+            print(f'  {k:20s} {v}')
+        print(f"deterministic backward: {report['deterministic']}")
+        ok = all(not v.startswith('FAILED') for v in report['precision'].values())
+        ok &= not report['deterministic'].startswith('FAILED')
+        print('SDPA with the Swin float mask:')
+        for k, v in report['sdpa'].items():
+            print(f'  {k:20s} {v}')
+    if args.backbones and 'backbones' in args.sections:
+        report['backbones'] = backbone_report(args, device, save, report)
+    for name in (names if 'detectors' in args.sections else []):
         for prec in precisions:
             try:
                 r = train_steps(name, prec, size, args.batch, steps, device)
@@ -241,12 +285,65 @@ def main(argv=None) -> int:
             report['train'][f'{name}/{prec}'] = r
             ok &= r['finite']
             print(f'  {name:26s} {prec}: ' + ', '.join(f'{k}={v}' for k, v in r.items() if k != 'losses'))
+            save()
             if device.type == 'cuda':
                 torch.cuda.empty_cache()
-    if args.json:
-        with open(args.json, 'w') as f:
-            json.dump(report, f, indent=2)
+    save()
     return 0 if ok else 1
+
+
+def backbone_report(args, device, save, report) -> dict:
+    """The speed table's backbone rows on ``device`` (printed as markdown tables as they come, saved after each)."""
+    import torch
+
+    from mmplugin.analysis import device_rows
+    from mmplugin.analysis.timing import parse_hw
+    from mmplugin.models.backbones.base import FAMILIES
+    out = report['backbones']
+    smoke = device.type == 'cpu'
+    infer, train = ((64, 96), (64, 96)) if smoke else (parse_hw(args.infer_size), parse_hw(args.train_size))
+    rounds = 1 if smoke else args.rounds
+    native = [p for p in device_rows.PRECISIONS if p == 'fp32' or smoke or
+              (device.type == 'cuda' and (torch.cuda.get_device_capability(device)[0] >= 8 or 'bf16' not in p))]
+    precisions = ['fp32', 'bf16 autocast'] if smoke else native
+    for spec in args.backbones:
+        family, _, arch = spec.partition(':')
+        if smoke:
+            arch = FAMILIES[family].smallest_arch()
+        entry = out.setdefault(spec, {})
+        entry['inference'] = rows = device_rows.inference_rows(
+            family, arch, infer, rounds, device, precisions, compiled=[c for c in args.compile if c in precisions],
+            compile_mode=None if smoke else args.compile_mode)
+        _print_rows(f'{spec} eval forward, batch 1, {infer[0]}x{infer[1]}', rows,
+                    ('impl', 'runtime', 'precision', 'ms', 'ratio', 'gemm_ratio', 'rel_err'))
+        save()
+        entry['training'] = rows = device_rows.training_rows(
+            family, arch, train, rounds, device, [p for p in precisions if p != 'fp16 model'])
+        _print_rows(f'{spec} training step, batch 2, {train[0]}x{train[1]}', rows,
+                    ('impl', 'precision', 'ms', 'ratio', 'peak_mib', 'step_mib', 'mem_ratio'))
+        save()
+        if family.startswith('swin'):
+            entry['attention'] = {f'{p} {"train" if t else "eval"}': device_rows.attention_kernels(
+                family, arch, infer if not t else train, device, p, train=t)
+                for p in precisions for t in (False, True) if not (t and p == 'fp16 model')}
+            for k, v in entry['attention'].items():
+                print(f'  {spec} attention ops, {k}: {", ".join(v)}')
+            save()
+        if device.type == 'cuda':
+            torch.cuda.empty_cache()
+    return out
+
+
+def _print_rows(title: str, rows: list[dict], cols) -> None:
+    def cell(v):
+        if v is None:
+            return '-'
+        if isinstance(v, float):
+            return f'{v:.3g}' if abs(v) < 0.01 else f'{v:.2f}'
+        return str(v)
+    print(f'\n{title}\n| ' + ' | '.join(cols) + ' |\n|' + '---|' * len(cols))
+    for r in rows:
+        print('| ' + ' | '.join(cell(r.get(c)) for c in cols) + ' |')
 
 
 if __name__ == '__main__':

@@ -4,16 +4,22 @@ precision, which is why AMP works there. :func:`install_cpu_reduced_precision_op
 bf16 CPU tensors: the floating-point arguments are copied to fp32, the kernel runs, and the tensors it wrote are
 rounded back into the caller's. Inputs are only read (they keep their autograd version). CUDA tensors and fp32 /
 fp64 calls go to the kernels untouched.
+
+Where mmcv has no compiled ops at all (``mmcv-lite``, a machine that cannot build them),
+:func:`install_torchvision_kernels` serves mmcv's NMS and RoIAlign from torchvision's kernels, so mmdet's detectors
+train and test there (``tools/gpu_check.py`` uses it on a lent GPU machine that has torch and torchvision only).
 """
 from __future__ import annotations
 
 import functools
+import types
 
 import torch
 
 from mmplugin.models.layers.precision import REDUCED_DTYPES
 
-__all__ = ['CPU_FP32_ONLY_KERNELS', 'install_cpu_reduced_precision_ops']
+__all__ = ['CPU_FP32_ONLY_KERNELS', 'TORCHVISION_KERNELS', 'install_cpu_reduced_precision_ops',
+           'install_torchvision_kernels']
 
 # the kernels of mmcv.ops that mmdet's / mmseg's heads call during a training or test step -> the positions of
 # the tensors they write (mmcv.ops.roi_align passes every tensor positionally)
@@ -47,4 +53,78 @@ def install_cpu_reduced_precision_ops() -> bool:
         kernel = getattr(ext, name)
         if not getattr(kernel, '__mmplugin_fp32__', False):
             setattr(ext, name, _in_fp32_on_cpu(kernel, written))
+    return True
+
+
+# mmcv's kernels that torchvision also has, with the same arithmetic: NMS (offset 0: boxes measured x2 - x1) and
+# average-pooled RoIAlign (the same bilinear sampling, adaptive sampling grid and half-pixel ``aligned`` shift; mmcv's
+# own ``RoIAlign(use_torchvision=True)`` switches to it)
+TORCHVISION_KERNELS = ('nms', 'roi_align_forward', 'roi_align_backward')
+
+
+def _tv_nms(boxes, scores, iou_threshold: float, offset: int = 0):
+    if offset != 0:
+        raise NotImplementedError(f'NMS with offset={offset} has no torchvision kernel (only offset 0)')
+    return torch.ops.torchvision.nms(boxes, scores, float(iou_threshold))
+
+
+def _tv_roi_align_forward(input, rois, output, argmax_y, argmax_x, *, aligned_height: int, aligned_width: int,
+                          spatial_scale: float, sampling_ratio: int, pool_mode: int, aligned: bool):
+    if pool_mode != 1:
+        raise NotImplementedError('max-pooled RoIAlign has no torchvision kernel (only pool_mode="avg")')
+    output.copy_(torch.ops.torchvision.roi_align(input, rois, float(spatial_scale), int(aligned_height),
+                                                 int(aligned_width), int(sampling_ratio), bool(aligned)))
+
+
+def _tv_roi_align_backward(grad_output, rois, argmax_y, argmax_x, grad_input, *, aligned_height: int,
+                           aligned_width: int, spatial_scale: float, sampling_ratio: int, pool_mode: int,
+                           aligned: bool):
+    if pool_mode != 1:
+        raise NotImplementedError('max-pooled RoIAlign has no torchvision kernel (only pool_mode="avg")')
+    n, c, h, w = grad_input.shape
+    grad_input.copy_(torch.ops.torchvision._roi_align_backward(
+        grad_output, rois, float(spatial_scale), int(aligned_height), int(aligned_width), n, c, h, w,
+        int(sampling_ratio), bool(aligned)))
+
+
+class _TorchvisionExt(types.ModuleType):
+    """Stands in for ``mmcv._ext``: :data:`TORCHVISION_KERNELS` run on torchvision's kernels; any other kernel
+    exists (``mmcv.ops`` checks the names at import) but raises ``NotImplementedError`` naming itself when called."""
+
+    def __getattr__(self, name: str):
+        if name.startswith('__'):
+            raise AttributeError(name)
+
+        def missing(*args, **kwargs):
+            raise NotImplementedError(f"mmcv was installed without its compiled ops and torchvision has no '{name}' "
+                                      f'kernel; only {", ".join(TORCHVISION_KERNELS)} run here (build mmcv with its '
+                                      'ops: tools/setup_env.sh)')
+        missing.__name__ = name
+        return missing
+
+
+def install_torchvision_kernels() -> bool:
+    """Where mmcv was installed without its compiled ops (``mmcv-lite``, or a machine where they cannot be built),
+    let ``mmcv.ops`` import and run NMS and RoIAlign on torchvision's kernels (CPU and CUDA, fp32 / fp16 / bf16):
+    enough for mmdet's two-stage detectors (RPN, RoI heads, mask targets) and their losses.
+
+    Call it before ``mmcv.ops`` is first imported. Returns False and changes nothing where mmcv has its own
+    compiled extension; True once the stand-in is installed. Raises ``ImportError`` when neither exists.
+    """
+    import importlib.util
+    import sys
+    if 'mmcv._ext' in sys.modules:
+        return isinstance(sys.modules['mmcv._ext'], _TorchvisionExt)
+    if importlib.util.find_spec('mmcv._ext') is not None:
+        return False
+    try:
+        import torchvision  # noqa: F401  (registers torch.ops.torchvision)
+    except ImportError as err:
+        raise ImportError('mmcv has no compiled ops and torchvision is not importable: build mmcv with its ops '
+                          '(tools/setup_env.sh) or install a torchvision matching this torch') from err
+    ext = _TorchvisionExt('mmcv._ext', doc=_TorchvisionExt.__doc__)
+    ext.nms = _tv_nms
+    ext.roi_align_forward = _tv_roi_align_forward
+    ext.roi_align_backward = _tv_roi_align_backward
+    sys.modules['mmcv._ext'] = ext
     return True

@@ -212,6 +212,20 @@ def test_gpu_check_runs_its_checks_on_the_cpu(tmp_path):
     assert all(v == 'ok' for k, v in report['precision'].items() if k != 'swinv2-tiny-full'), report['precision']
     assert report['deterministic'] == 'bit-identical'
     assert report['train']['mmplugin-swin-t/fp32']['finite']
+    # the speed table's backbone rows: the plugin beside its peers and its GEMMs alone, every precision asked for
+    from mmplugin.testing.numeric import BF16_VS_FP32, FP32_PARITY
+    for spec, entry in report['backbones'].items():
+        rows = entry['inference']
+        for prec, bound in (('fp32', FP32_PARITY), ('bf16 autocast', BF16_VS_FP32)):
+            mine = [r for r in rows if r['impl'] == 'mmplugin' and r['precision'] == prec]
+            assert len(mine) == 1 and mine[0]['gemm_ratio'] > 0, (spec, prec)
+            assert [r for r in rows if r['impl'] == 'GEMMs alone' and r['precision'] == prec]
+            for r in rows:  # the peers compute the same function with the same weights
+                if r['precision'] == prec and r['rel_err'] is not None:
+                    assert r['rel_err'] < bound, (spec, r)
+        assert {r['impl'] for r in entry['training']} >= {'mmplugin', 'mmplugin with_cp'}, spec
+    assert {'mmdet-swin', 'mmdet-swin with_cp'} <= {r['impl'] for r in report['backbones']['swin:tiny']['training']}
+    assert any('scaled_dot_product' in op for op in report['backbones']['swin:tiny']['attention']['fp32 eval'])
 
 
 @pytest.fixture(scope='module')
