@@ -27,9 +27,9 @@ What it reports:
   activation checkpointing; the attention operators the Swin forwards and backwards ran.
 
 Where mmcv was installed without its compiled ops (a lent GPU machine with torch and torchvision but no network or
-build time), NMS and RoIAlign run on torchvision's kernels (:func:`mmplugin.engine.mmcv_ops.install_torchvision_kernels`)
-for every detector alike, and the report says so (``mmcv_kernels``). ``--json`` is rewritten after every section, so a
-run stopped early keeps what it measured.
+build time), NMS and RoIAlign run on torchvision's kernels
+(:func:`mmplugin.engine.mmcv_ops.install_torchvision_kernels`) for every detector alike, and the report says so
+(``mmcv_kernels``). ``--json`` is rewritten after every section, so a run stopped early keeps what it measured.
 """
 from __future__ import annotations
 
