@@ -120,7 +120,14 @@ def inference_rows(family: str, arch: str, size, rounds: int, device, precisions
         dtype = amp or model_dtype or torch.float32
         for shape, calls in shapes.items():
             fns[('gemm', shape, prec)] = _gemm_call(shape, calls, dtype, device, bias=True)
+    failed = {}
     with _true_fp32():
+        for key in [k for k in fns if k[0] != 'gemm']:
+            try:  # a peer that cannot run a precision (mmdet's Swin as an fp16 model) gets a row saying why
+                fns[key]()
+            except RuntimeError as err:
+                failed[key] = str(err).splitlines()[0][:160]
+                del fns[key]
         times = interleaved(fns, rounds)
     rows = []
     for prec in precisions:
@@ -138,6 +145,8 @@ def inference_rows(family: str, arch: str, size, rounds: int, device, precisions
                 err = None
             rows.append(dict(backbone=f'{family} {arch}', impl=name, runtime=runtime, precision=prec, ms=sec * 1e3,
                              ratio=first / sec, gemm_ratio=sec / gemm if name == 'mmplugin' else None, rel_err=err))
+        rows += [dict(backbone=f'{family} {arch}', impl=k[0], runtime=k[1], precision=prec, ms=None, ratio=None,
+                      gemm_ratio=None, rel_err=None, error=msg) for k, msg in failed.items() if k[2] == prec]
     return rows
 
 

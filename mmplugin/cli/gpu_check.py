@@ -315,7 +315,7 @@ def backbone_report(args, device, save, report) -> dict:
             family, arch, infer, rounds, device, precisions, compiled=[c for c in args.compile if c in precisions],
             compile_mode=None if smoke else args.compile_mode)
         _print_rows(f'{spec} eval forward, batch 1, {infer[0]}x{infer[1]}', rows,
-                    ('impl', 'runtime', 'precision', 'ms', 'ratio', 'gemm_ratio', 'rel_err'))
+                    ('impl', 'runtime', 'precision', 'ms', 'ratio', 'gemm_ratio', 'rel_err', 'error'))
         save()
         entry['training'] = rows = device_rows.training_rows(
             family, arch, train, rounds, device, [p for p in precisions if p != 'fp16 model'])

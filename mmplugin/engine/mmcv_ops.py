@@ -65,14 +65,21 @@ TORCHVISION_KERNELS = ('nms', 'roi_align_forward', 'roi_align_backward')
 def _tv_nms(boxes, scores, iou_threshold: float, offset: int = 0):
     if offset != 0:
         raise NotImplementedError(f'NMS with offset={offset} has no torchvision kernel (only offset 0)')
-    return torch.ops.torchvision.nms(boxes, scores, float(iou_threshold))
+    return torch.ops.torchvision.nms(_fp32(boxes), _fp32(scores), float(iou_threshold))
+
+
+def _fp32(t: torch.Tensor) -> torch.Tensor:
+    """Reduced-precision tensors in fp32: torchvision's kernels take fp16 at most, and its backward kernels run
+    outside autocast (which casts their forwards), so bf16 features and gradients are computed in fp32 and the
+    results rounded into the caller's tensors."""
+    return t.float() if t.dtype in REDUCED_DTYPES else t
 
 
 def _tv_roi_align_forward(input, rois, output, argmax_y, argmax_x, *, aligned_height: int, aligned_width: int,
                           spatial_scale: float, sampling_ratio: int, pool_mode: int, aligned: bool):
     if pool_mode != 1:
         raise NotImplementedError('max-pooled RoIAlign has no torchvision kernel (only pool_mode="avg")')
-    output.copy_(torch.ops.torchvision.roi_align(input, rois, float(spatial_scale), int(aligned_height),
+    output.copy_(torch.ops.torchvision.roi_align(_fp32(input), _fp32(rois), float(spatial_scale), int(aligned_height),
                                                  int(aligned_width), int(sampling_ratio), bool(aligned)))
 
 
@@ -83,7 +90,7 @@ def _tv_roi_align_backward(grad_output, rois, argmax_y, argmax_x, grad_input, *,
         raise NotImplementedError('max-pooled RoIAlign has no torchvision kernel (only pool_mode="avg")')
     n, c, h, w = grad_input.shape
     grad_input.copy_(torch.ops.torchvision._roi_align_backward(
-        grad_output, rois, float(spatial_scale), int(aligned_height), int(aligned_width), n, c, h, w,
+        _fp32(grad_output), _fp32(rois), float(spatial_scale), int(aligned_height), int(aligned_width), n, c, h, w,
         int(sampling_ratio), bool(aligned)))
 
 

@@ -130,7 +130,7 @@ def _check_roi_align(kernels, dtype, tol):
                                              ((3, 3), 0.25, 0, False), ((2, 4), 1.0, 1, False)):
         x, rois = x64.to(dtype), rois64.to(dtype)
         out, grad, g = _roi_align_with(kernels, x, rois, out_hw, scale, sampling, aligned)
-        xr = x64.clone().requires_grad_(True)
+        xr = x.double().requires_grad_(True)  # the reference sees the input as rounded to ``dtype``
         ref = roi_align_reference(xr, rois64, out_hw, scale, sampling, aligned)
         (ref * g.to(torch.float64)).sum().backward()
         case = f'{out_hw} scale {scale} sampling {sampling} aligned {aligned}'
@@ -181,6 +181,7 @@ def test_torchvision_stand_ins_equal_the_reference(device):
             grad.copy_(o.cpu())
 
     _check_roi_align(OnDevice, torch.float64, 1e-10)
+    _check_roi_align(OnDevice, torch.bfloat16, 2e-2)  # computed in fp32, rounded to bf16 (2^-8) on the way out
     boxes, scores = _boxes()
     for thr in (0.1, 0.5, 0.7):
         kept = mmcv_ops._tv_nms(boxes.to(dev), scores.to(dev), thr, 0).cpu()
