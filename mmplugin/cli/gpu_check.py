@@ -34,6 +34,7 @@ build time), NMS and RoIAlign run on torchvision's kernels
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import math
 import os
@@ -159,8 +160,8 @@ def build_detector(name: str, device):
     from mmengine.registry import init_default_scope
     cfg_path, backbone = MODELS[name]
     cfg = Config.fromfile(osp.join(ROOT, cfg_path))
-    if backbone is not None:
-        cfg.merge_from_dict(dict(model=dict(backbone=backbone)))
+    if backbone is not None:  # a copy: merging consumes its '_delete_' (a second build would keep 'arch')
+        cfg.merge_from_dict(dict(model=dict(backbone=copy.deepcopy(backbone))))
     cfg.model.backbone.pop('init_cfg', None)
     init_default_scope('mmdet')
     return DET_MODELS.build(cfg.model).to(device)
@@ -185,7 +186,9 @@ def train_steps(name: str, dtype_name: str, size, batch: int, steps: int, device
         t = time.perf_counter()
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             loss_dict = model.loss(data['inputs'], data['data_samples'])
-        loss = sum(v.sum() if isinstance(v, torch.Tensor) else sum(x.sum() for x in v) for v in loss_dict.values())
+        # the terms named loss, as mmdet's parse_losses sums them (the dict also holds metrics such as 'acc')
+        loss = sum(v.sum() if isinstance(v, torch.Tensor) else sum(x.sum() for x in v)
+                   for k, v in loss_dict.items() if 'loss' in k)
         opt.zero_grad(set_to_none=True)
         scaler.scale(loss).backward()
         scaler.step(opt)

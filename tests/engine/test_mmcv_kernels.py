@@ -16,8 +16,19 @@ import torch
 
 from mmplugin.engine import mmcv_ops
 
-HAS_MMCV_EXT = importlib.util.find_spec('mmcv._ext') is not None and not isinstance(
-    __import__('sys').modules.get('mmcv._ext'), mmcv_ops._TorchvisionExt)
+
+
+def _has_mmcv_ext() -> bool:
+    """mmcv's own compiled extension (not the torchvision stand-in) is importable."""
+    import sys
+    try:
+        found = importlib.util.find_spec('mmcv._ext') is not None
+    except ImportError:  # no mmcv at all
+        return False
+    return found and not isinstance(sys.modules.get('mmcv._ext'), mmcv_ops._TorchvisionExt)
+
+
+HAS_MMCV_EXT = _has_mmcv_ext()
 HAS_TORCHVISION = importlib.util.find_spec('torchvision') is not None
 
 
@@ -130,8 +141,9 @@ def _check_roi_align(kernels, dtype, tol):
                                              ((3, 3), 0.25, 0, False), ((2, 4), 1.0, 1, False)):
         x, rois = x64.to(dtype), rois64.to(dtype)
         out, grad, g = _roi_align_with(kernels, x, rois, out_hw, scale, sampling, aligned)
-        xr = x.double().requires_grad_(True)  # the reference sees the input as rounded to ``dtype``
-        ref = roi_align_reference(xr, rois64, out_hw, scale, sampling, aligned)
+        # the reference sees the input as rounded to ``dtype``; a copy (``double()`` of a float64 tensor is itself)
+        xr = x.double().clone().requires_grad_(True)
+        ref = roi_align_reference(xr, rois.double(), out_hw, scale, sampling, aligned)
         (ref * g.to(torch.float64)).sum().backward()
         case = f'{out_hw} scale {scale} sampling {sampling} aligned {aligned}'
         assert torch.allclose(out.double(), ref.detach(), rtol=tol, atol=tol), case
