@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from mmplugin.utils.timing import interleaved
 
-__all__ = ['PRECISIONS', 'inference_rows', 'training_rows', 'attention_kernels']
+__all__ = ['PRECISIONS', 'inference_rows', 'training_rows', 'attention_kernels', 'detector_rows']
 
 #: precision name -> (autocast dtype or None, model dtype or None)
 PRECISIONS = {
@@ -267,3 +267,68 @@ def attention_kernels(family: str, arch: str, size, device, precision: str, trai
         _sync(device)
     return sorted({e.key for e in prof.key_averages()
                    if e.key.startswith('aten::') and any(s in e.key for s in ATTENTION_OPS)})
+
+
+def detector_rows(config: str, size, rounds: int, device, precisions=('fp32', 'bf16 autocast', 'fp16 autocast'),
+                  batch: int = 2) -> list[dict]:
+    """A whole detector's training step with the plugin's Swin against the same detector with mmdet's
+    ``SwinTransformer`` (:func:`mmplugin.analysis.detector_step.detector_pair`: same weights, batch and sampling) on
+    ``device``, per precision (fp16 with a GradScaler), interleaved; then each one's peak memory of a step alone, the
+    plugin's also with activation checkpointing.
+
+    Returns one dict per (implementation, precision): ``ms``, ``ratio`` (speed over mmdet's), ``losses`` (the first
+    step's: the two agree where the sampling does), ``peak_mib`` / ``step_mib`` / ``mem_ratio`` as in
+    :func:`training_rows`.
+    """
+    from mmplugin.analysis.detector_step import _num_classes, detector_pair, synthetic_batch
+    device = torch.device(device)
+    models = detector_pair(config)
+    inputs, samples = synthetic_batch(size, batch, _num_classes(models['mmplugin']))
+    inputs, samples = inputs.to(device), [s.to(device) for s in samples]
+
+    def make_step(m, amp):
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+        scaler = torch.amp.GradScaler(device.type, enabled=amp is torch.float16)
+
+        def step():
+            torch.manual_seed(1)  # the same anchor / RoI sampling in both detectors
+            opt.zero_grad(set_to_none=True)
+            with _autocast(device, amp):
+                loss, log_vars = m.parse_losses(m.loss(inputs, samples))
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            _sync(device)
+            return {k: float(v.detach()) if torch.is_tensor(v) else float(v) for k, v in log_vars.items()}
+        return step
+
+    fns, first = {}, {}
+    for name, m in models.items():
+        m.to(device)
+        for prec in precisions:
+            fns[(name, prec)] = make_step(copy.deepcopy(m), PRECISIONS[prec][0])
+            with _true_fp32():
+                first[(name, prec)] = fns[(name, prec)]()
+    with _true_fp32():
+        times = interleaved(fns, rounds)
+    del fns
+    rows = []
+    for prec in precisions:
+        base_ms = base_mib = None
+        for name, cp in (('mmdet-swin', False), ('mmplugin', False), ('mmplugin', True)):
+            m = copy.deepcopy(models[name])
+            if cp:
+                m.backbone.set_grad_checkpointing(True)
+            step = make_step(m, PRECISIONS[prec][0])
+            with _true_fp32():
+                step()
+                peak, during = _peak_of(step, device)
+            del m, step
+            ms = None if cp else times[(name, prec)] * 1e3
+            base_ms = base_ms or ms
+            base_mib = base_mib or during
+            rows.append(dict(config=config, impl=name + (' with_cp' if cp else ''), precision=prec, ms=ms,
+                             ratio=None if ms is None else base_ms / ms, losses=None if cp else first[(name, prec)],
+                             peak_mib=peak, step_mib=during,
+                             mem_ratio=None if during is None else during / base_mib, size=list(size), batch=batch))
+    return rows

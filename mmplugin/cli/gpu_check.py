@@ -276,6 +276,9 @@ def main(argv=None) -> int:
             print(f'  {k:20s} {v}')
     if args.backbones and 'backbones' in args.sections:
         report['backbones'] = backbone_report(args, device, save, report)
+    if 'detectors' in args.sections:
+        report['detector_pair'] = detector_pair_report(args, device, size, steps)
+        save()
     for name in (names if 'detectors' in args.sections else []):
         for prec in precisions:
             try:
@@ -335,6 +338,19 @@ def backbone_report(args, device, save, report) -> dict:
         if device.type == 'cuda':
             torch.cuda.empty_cache()
     return out
+
+
+def detector_pair_report(args, device, size, steps) -> list[dict]:
+    """The Swin-T Mask R-CNN training step with the plugin's backbone against mmdet's (same weights, batch and
+    sampling), interleaved, per precision, with peak memory (:func:`mmplugin.analysis.device_rows.detector_rows`)."""
+    from mmplugin.analysis import device_rows
+    smoke = device.type == 'cpu'
+    rows = device_rows.detector_rows(osp.join(ROOT, MODELS['mmplugin-swin-t'][0]), size, 1 if smoke else steps,
+                                     device, ['fp32'] if smoke else ['fp32', 'bf16 autocast', 'fp16 autocast'],
+                                     batch=1 if smoke else args.batch)
+    _print_rows(f'Swin-T Mask R-CNN training step, batch {rows[0]["batch"]}, {size[0]}x{size[1]}', rows,
+                ('impl', 'precision', 'ms', 'ratio', 'peak_mib', 'step_mib', 'mem_ratio'))
+    return rows
 
 
 def _print_rows(title: str, rows: list[dict], cols) -> None:

@@ -226,6 +226,12 @@ def test_gpu_check_runs_its_checks_on_the_cpu(tmp_path):
         assert {r['impl'] for r in entry['training']} >= {'mmplugin', 'mmplugin with_cp'}, spec
     assert {'mmdet-swin', 'mmdet-swin with_cp'} <= {r['impl'] for r in report['backbones']['swin:tiny']['training']}
     assert any('scaled_dot_product' in op for op in report['backbones']['swin:tiny']['attention']['fp32 eval'])
+    # the whole detector step, plugin backbone against mmdet's: the same first-step losses (same weights, sampling)
+    pair = {r['impl']: r for r in report['detector_pair']}
+    assert set(pair) == {'mmdet-swin', 'mmplugin', 'mmplugin with_cp'}
+    theirs, ours = pair['mmdet-swin']['losses'], pair['mmplugin']['losses']
+    for k in ('loss_rpn_cls', 'loss_rpn_bbox', 'loss_cls', 'loss_mask'):
+        assert abs(ours[k] - theirs[k]) <= 1e-4 * abs(theirs[k]), (k, ours[k], theirs[k])
 
 
 @pytest.fixture(scope='module')
