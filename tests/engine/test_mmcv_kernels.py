@@ -17,7 +17,6 @@ import torch
 from mmplugin.engine import mmcv_ops
 
 
-
 def _has_mmcv_ext() -> bool:
     """mmcv's own compiled extension (not the torchvision stand-in) is importable."""
     import sys
