@@ -227,9 +227,21 @@ def main(argv=None) -> int:
                         'training steps (default: all)')
     args = p.parse_args(argv)
     from mmplugin.analysis.device_rows import PRECISIONS
+    from mmplugin.analysis.timing import parse_hw
+    from mmplugin.models.backbones.base import FAMILIES
     bad = [c for c in args.compile if c not in PRECISIONS]
     if bad:
         p.error(f'--compile takes precisions among {", ".join(map(repr, PRECISIONS))}, got {bad}')
+    bad = [b for b in args.backbones if b.partition(':')[0] not in FAMILIES or not b.partition(':')[2]]
+    if bad:
+        p.error(f'--backbones takes FAMILY:ARCH with FAMILY one of {", ".join(FAMILIES)}, got {bad}')
+    if args.rounds < 1 or args.steps < 1:
+        p.error(f'--rounds and --steps must be >= 1, got {args.rounds} and {args.steps}')
+    for opt in ('infer_size', 'train_size', 'size'):
+        try:
+            parse_hw(getattr(args, opt))
+        except ValueError as err:
+            p.error(f"--{opt.replace('_', '-')}: {err}")
     # deterministic cuBLAS GEMMs need this before the first CUDA GEMM of the process (the checks below run many)
     os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
     import torch
@@ -246,7 +258,7 @@ def main(argv=None) -> int:
         native = native_dtypes(device)
         precisions = args.precisions or [n for n, d in (('fp16', torch.float16), ('bf16', torch.bfloat16))
                                          if d in native]
-        size = tuple(int(v) for v in args.size.lower().split('x'))
+        size = parse_hw(args.size)
         print(f'gpu_check on {torch.cuda.get_device_name(0)}, torch {torch.__version__}, '
               f'batch {args.batch} x {size[0]}x{size[1]}, {steps} steps')
     from mmplugin.engine.mmcv_ops import install_torchvision_kernels

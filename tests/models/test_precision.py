@@ -234,6 +234,20 @@ def test_gpu_check_runs_its_checks_on_the_cpu(tmp_path):
         assert abs(ours[k] - theirs[k]) <= 1e-4 * abs(theirs[k]), (k, ours[k], theirs[k])
 
 
+@pytest.mark.parametrize('args, says', [(['--backbones', 'swin'], 'FAMILY:ARCH'),
+                                        (['--backbones', 'resnet:50'], 'FAMILY:ARCH'),
+                                        (['--compile', 'fp8'], '--compile takes'),
+                                        (['--rounds', '0'], 'must be >= 1'),
+                                        (['--train-size', '512by768'], 'is not a size')])
+def test_gpu_check_refuses_bad_arguments(args, says, capsys):
+    """Every option is checked before anything runs: a clear message naming it, exit status 2."""
+    from mmplugin.cli.gpu_check import main
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    assert says in capsys.readouterr().err
+
+
 @pytest.fixture(scope='module')
 def demo_root(tmp_path_factory):
     from mmplugin.demo import make_instance_dataset, make_semantic_dataset
