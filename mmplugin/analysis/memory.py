@@ -13,8 +13,8 @@ import sys
 
 import torch
 
-__all__ = ['peak_memory', 'measure_peak_memory', 'peak_in_subprocess', 'rss_growth_mib', 'enable_checkpointing',
-           'supports_checkpointing']
+__all__ = ['peak_memory', 'measure_peak_memory', 'peak_in_subprocess', 'child_env', 'rss_growth_mib',
+           'enable_checkpointing', 'supports_checkpointing']
 
 
 def supports_checkpointing(model: torch.nn.Module) -> bool:
@@ -92,10 +92,25 @@ def peak_memory(family: str, arch: str, name: str, size: tuple[int, int], with_c
                                                            str(int(bool(with_cp))), str(device)], timeout)
 
 
+def child_env() -> dict[str, str]:
+    """The environment of a measuring child process: this process's, with its torch thread count
+    (``OMP_NUM_THREADS``) and, where :func:`mmplugin.inference.allocator.retain_freed_memory` is in effect here,
+    glibc's same settings (``MALLOC_MMAP_MAX_=0``, ``MALLOC_TRIM_THRESHOLD_``), so that a table's peak-memory rows
+    run under the options (``--threads``, ``--retain-memory``) its timed rows ran under."""
+    import os
+
+    from mmplugin.inference.allocator import retained
+    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))
+    if retained():
+        env.update(MALLOC_MMAP_MAX_='0', MALLOC_TRIM_THRESHOLD_=str(2**31 - 1))
+    return env
+
+
 def peak_in_subprocess(module: str, args: list[str], timeout: float = 1800) -> float:
-    """Run ``python -m module *args`` (a measurement that prints ``{"peak_mib": ...}`` as its last line) and return
-    that figure; the child's stderr tail in the error when it fails."""
-    out = subprocess.run([sys.executable, '-m', module, *args], capture_output=True, text=True, timeout=timeout)
+    """Run ``python -m module *args`` (a measurement that prints ``{"peak_mib": ...}`` as its last line) in
+    :func:`child_env` and return that figure; the child's stderr tail in the error when it fails."""
+    out = subprocess.run([sys.executable, '-m', module, *args], capture_output=True, text=True, timeout=timeout,
+                         env=child_env())
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     return json.loads(out.stdout.strip().splitlines()[-1])['peak_mib']

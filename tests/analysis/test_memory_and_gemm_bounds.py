@@ -151,3 +151,29 @@ def test_gemm_floor_command_line_errors():
                       (['swin:tiny', '80x'], 'not a size'), (['swin:tiny', '64', 'fp16'], 'invalid choice')):
         out = subprocess.run(cmd + args, capture_output=True, text=True)
         assert out.returncode == 2 and msg in out.stderr, (args, out.stderr[-500:])
+
+
+def test_peak_memory_children_run_under_the_parents_threads_and_allocator():
+    """The peak-memory rows run in fresh processes: they get this process's torch thread count, and glibc's retain
+    settings exactly when this process retains freed memory (a child started through the same helper reads them)."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from mmplugin.analysis.memory import child_env
+    from mmplugin.inference import allocator
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        env = child_env()
+        out = subprocess.run([sys.executable, '-c', 'import torch; print(torch.get_num_threads())'], env=env,
+                             capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == '1'
+    finally:
+        torch.set_num_threads(threads)
+    if allocator.retained():
+        assert env['MALLOC_MMAP_MAX_'] == '0'
+    else:
+        import os
+        assert env.get('MALLOC_MMAP_MAX_') == os.environ.get('MALLOC_MMAP_MAX_')
