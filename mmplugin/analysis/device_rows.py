@@ -211,8 +211,7 @@ def training_rows(family: str, arch: str, size, rounds: int, device, precisions=
                     enable_checkpointing(mm)
                 step = make_step(mm, PRECISIONS[prec][0])
                 with _true_fp32():
-                    step()  # the optimizer state exists from here on
-                    peak, during = _peak_of(step, device)
+                    peak, during = _peak_of(step, device, run_off_device=cp)
                 del mm, step
                 ms = None if cp else times[(name, prec)] * 1e3
                 first_ms.setdefault(prec, ms)
@@ -225,12 +224,16 @@ def training_rows(family: str, arch: str, size, rounds: int, device, precisions=
     return rows
 
 
-def _peak_of(step, device) -> tuple[float | None, float | None]:
-    """``(peak MiB, peak less the memory allocated before the step)`` of one call of ``step`` on CUDA; Nones
-    elsewhere (the CPU figures come from fresh processes: :mod:`mmplugin.analysis.memory`)."""
+def _peak_of(step, device, run_off_device: bool = True) -> tuple[float | None, float | None]:
+    """``(peak MiB, peak less the memory allocated before the step)`` of the second of two calls of ``step`` (the
+    optimizer state exists after the first) on CUDA. Elsewhere Nones (the CPU figures come from fresh processes:
+    :mod:`mmplugin.analysis.memory`), after one call if ``run_off_device`` (to run a code path the timed rows did
+    not, e.g. activation checkpointing)."""
     if device.type != 'cuda':
-        step()
+        if run_off_device:
+            step()
         return None, None
+    step()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device)
@@ -321,8 +324,7 @@ def detector_rows(config: str, size, rounds: int, device, precisions=('fp32', 'b
                 m.backbone.set_grad_checkpointing(True)
             step = make_step(m, PRECISIONS[prec][0])
             with _true_fp32():
-                step()
-                peak, during = _peak_of(step, device)
+                peak, during = _peak_of(step, device, run_off_device=cp)
             del m, step
             ms = None if cp else times[(name, prec)] * 1e3
             base_ms = base_ms or ms

@@ -210,7 +210,8 @@ def main(argv=None) -> int:
     p.add_argument('--size', default='800x1216', help='HxW of the training images')
     p.add_argument('--batch', type=int, default=2)
     p.add_argument('--json', default=None, help='write the report here as JSON')
-    p.add_argument('--cpu-smoke', action='store_true', help='run on CPU at 64x96, 1 fp32 step of Swin-T (CI)')
+    p.add_argument('--cpu-smoke', action='store_true',
+                   help='run every section on the CPU at 64x96 (CI): smallest archs, one round, fp32 training')
     p.add_argument('--precisions', nargs='+', default=None, choices=['fp16', 'bf16', 'fp32'],
                    help='default: the reduced precisions the GPU runs natively (fp16; bf16 from sm80)')
     p.add_argument('--backbones', nargs='*', default=['swin:tiny', 'swinv2:tiny', 'swiftformer:l1'],
@@ -248,7 +249,8 @@ def main(argv=None) -> int:
 
     import mmplugin  # noqa: F401
     if args.cpu_smoke:
-        device, size, steps, precisions, names = torch.device('cpu'), (64, 96), 1, ['fp32'], ['mmplugin-swin-t']
+        # the detector pair runs the Swin-T Mask R-CNN step on the CPU; the per-model list is for the GPU
+        device, size, steps, precisions, names = torch.device('cpu'), (64, 96), 1, ['fp32'], []
     elif not torch.cuda.is_available():
         print('gpu_check: no CUDA device visible; nothing to check (this is not an error).')
         return 0
@@ -287,9 +289,14 @@ def main(argv=None) -> int:
         for k, v in report['sdpa'].items():
             print(f'  {k:20s} {v}')
     if args.backbones and 'backbones' in args.sections:
-        report['backbones'] = backbone_report(args, device, save, report)
+        from mmplugin.analysis.device_report import backbone_report
+        rows = backbone_report(args.backbones, device, save, report['backbones'], args.infer_size,
+                               args.train_size, args.rounds, args.compile, args.compile_mode)
+        report['backbones'] = rows
     if 'detectors' in args.sections:
-        report['detector_pair'] = detector_pair_report(args, device, size, steps)
+        from mmplugin.analysis.device_report import detector_pair_report
+        report['detector_pair'] = detector_pair_report(osp.join(ROOT, MODELS['mmplugin-swin-t'][0]), device, size,
+                                                       steps, args.batch)
         save()
     for name in (names if 'detectors' in args.sections else []):
         for prec in precisions:
@@ -308,73 +315,6 @@ def main(argv=None) -> int:
                 torch.cuda.empty_cache()
     save()
     return 0 if ok else 1
-
-
-def backbone_report(args, device, save, report) -> dict:
-    """The speed table's backbone rows on ``device`` (printed as markdown tables as they come, saved after each)."""
-    import torch
-
-    from mmplugin.analysis import device_rows
-    from mmplugin.analysis.timing import parse_hw
-    from mmplugin.models.backbones.base import FAMILIES
-    out = report['backbones']
-    smoke = device.type == 'cpu'
-    infer, train = ((64, 96), (64, 96)) if smoke else (parse_hw(args.infer_size), parse_hw(args.train_size))
-    rounds = 1 if smoke else args.rounds
-    native = [p for p in device_rows.PRECISIONS if p == 'fp32' or smoke or
-              (device.type == 'cuda' and (torch.cuda.get_device_capability(device)[0] >= 8 or 'bf16' not in p))]
-    precisions = ['fp32', 'bf16 autocast'] if smoke else native
-    for spec in args.backbones:
-        family, _, arch = spec.partition(':')
-        if smoke:
-            arch = FAMILIES[family].smallest_arch()
-        entry = out.setdefault(spec, {})
-        entry['inference'] = rows = device_rows.inference_rows(
-            family, arch, infer, rounds, device, precisions, compiled=[c for c in args.compile if c in precisions],
-            compile_mode=None if smoke else args.compile_mode)
-        _print_rows(f'{spec} eval forward, batch 1, {infer[0]}x{infer[1]}', rows,
-                    ('impl', 'runtime', 'precision', 'ms', 'ratio', 'gemm_ratio', 'rel_err', 'error'))
-        save()
-        entry['training'] = rows = device_rows.training_rows(
-            family, arch, train, rounds, device, [p for p in precisions if p != 'fp16 model'])
-        _print_rows(f'{spec} training step, batch 2, {train[0]}x{train[1]}', rows,
-                    ('impl', 'precision', 'ms', 'ratio', 'peak_mib', 'step_mib', 'mem_ratio'))
-        save()
-        if family.startswith('swin'):
-            entry['attention'] = {f'{p} {"train" if t else "eval"}': device_rows.attention_kernels(
-                family, arch, infer if not t else train, device, p, train=t)
-                for p in precisions for t in (False, True) if not (t and p == 'fp16 model')}
-            for k, v in entry['attention'].items():
-                print(f'  {spec} attention ops, {k}: {", ".join(v)}')
-            save()
-        if device.type == 'cuda':
-            torch.cuda.empty_cache()
-    return out
-
-
-def detector_pair_report(args, device, size, steps) -> list[dict]:
-    """The Swin-T Mask R-CNN training step with the plugin's backbone against mmdet's (same weights, batch and
-    sampling), interleaved, per precision, with peak memory (:func:`mmplugin.analysis.device_rows.detector_rows`)."""
-    from mmplugin.analysis import device_rows
-    smoke = device.type == 'cpu'
-    rows = device_rows.detector_rows(osp.join(ROOT, MODELS['mmplugin-swin-t'][0]), size, 1 if smoke else steps,
-                                     device, ['fp32'] if smoke else ['fp32', 'bf16 autocast', 'fp16 autocast'],
-                                     batch=1 if smoke else args.batch)
-    _print_rows(f'Swin-T Mask R-CNN training step, batch {rows[0]["batch"]}, {size[0]}x{size[1]}', rows,
-                ('impl', 'precision', 'ms', 'ratio', 'peak_mib', 'step_mib', 'mem_ratio'))
-    return rows
-
-
-def _print_rows(title: str, rows: list[dict], cols) -> None:
-    def cell(v):
-        if v is None:
-            return '-'
-        if isinstance(v, float):
-            return f'{v:.3g}' if abs(v) < 0.01 else f'{v:.2f}'
-        return str(v)
-    print(f'\n{title}\n| ' + ' | '.join(cols) + ' |\n|' + '---|' * len(cols))
-    for r in rows:
-        print('| ' + ' | '.join(cell(r.get(c)) for c in cols) + ' |')
 
 
 if __name__ == '__main__':
