@@ -129,7 +129,12 @@ def install_torchvision_kernels() -> bool:
     except ImportError as err:
         raise ImportError('mmcv has no compiled ops and torchvision is not importable: build mmcv with its ops '
                           '(tools/setup_env.sh) or install a torchvision matching this torch') from err
+    import importlib.machinery
     ext = _TorchvisionExt('mmcv._ext', doc=_TorchvisionExt.__doc__)
+    # a spec without a loader: ``pkgutil.find_loader('mmcv._ext')`` (mmengine's ``mmcv_full_available``, used by the
+    # optimizer constructors) answers "no full ops" instead of raising on a module whose spec is None
+    ext.__spec__ = importlib.machinery.ModuleSpec('mmcv._ext', None)
+    ext.get_compiler_version = ext.get_compiling_cuda_version = lambda: 'n/a (kernels from torchvision)'
     ext.nms = _tv_nms
     ext.roi_align_forward = _tv_roi_align_forward
     ext.roi_align_backward = _tv_roi_align_backward

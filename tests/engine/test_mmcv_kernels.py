@@ -197,6 +197,10 @@ def test_torchvision_stand_ins_equal_the_reference(device):
     for thr in (0.1, 0.5, 0.7):
         kept = mmcv_ops._tv_nms(boxes.to(dev), scores.to(dev), thr, 0).cpu()
         assert torch.equal(kept, nms_reference(boxes, scores, thr))
+        for dtype in (torch.float16, torch.bfloat16):  # reduced precision: the same boxes as the rounded ones keep
+            b, s = boxes.to(dtype), scores.to(dtype)
+            kept = mmcv_ops._tv_nms(b.to(dev), s.to(dev), thr, 0).cpu()
+            assert torch.equal(kept, nms_reference(b.float(), s.float(), thr)), dtype
     with pytest.raises(NotImplementedError, match='offset=1'):
         mmcv_ops._tv_nms(boxes, scores, 0.5, 1)
 
@@ -206,8 +210,6 @@ def test_stand_in_names_every_kernel_and_refuses_the_unserved_ones():
     serve raises NotImplementedError naming itself (never a wrong result); dunder lookups stay AttributeErrors
     (import machinery, pickling)."""
     ext = mmcv_ops._TorchvisionExt('mmcv._ext')
-    ext.nms = mmcv_ops._tv_nms
-    assert ext.nms is mmcv_ops._tv_nms
     with pytest.raises(NotImplementedError, match="'deform_conv_forward'.*nms, roi_align_forward"):
         ext.deform_conv_forward(torch.zeros(1))
     assert not hasattr(ext, '__path__')
@@ -215,6 +217,59 @@ def test_stand_in_names_every_kernel_and_refuses_the_unserved_ones():
     with pytest.raises(NotImplementedError, match='max-pooled'):
         mmcv_ops._tv_roi_align_forward(empty, empty, empty, empty, empty, aligned_height=2, aligned_width=2,
                                        spatial_scale=1.0, sampling_ratio=0, pool_mode=0, aligned=True)
+
+
+STAND_IN_CHILD = r"""
+import importlib.machinery, sys, types
+find = importlib.machinery.PathFinder.find_spec
+def hide_ext(name, path=None, target=None):  # mmcv as installed without its compiled ops
+    return None if name == 'mmcv._ext' else find(name, path, target)
+importlib.machinery.PathFinder.find_spec = staticmethod(hide_ext)
+if 'torchvision' not in sys.argv:  # where torchvision does not import beside this torch: its name only
+    sys.modules['torchvision'] = types.ModuleType('torchvision')
+    sys.modules['torchvision'].__version__ = 'n/a'
+import mmplugin
+from mmplugin.engine.mmcv_ops import install_torchvision_kernels
+assert 'mmcv.ops' not in sys.modules, 'mmplugin imported mmcv.ops before the stand-in could be installed'
+assert install_torchvision_kernels() is True and install_torchvision_kernels() is True
+import mmcv.ops
+from mmcv.utils import collect_env
+from mmengine.utils.dl_utils import mmcv_full_available
+from mmengine.registry import init_default_scope
+assert mmcv_full_available() is False
+print('compiler', collect_env()['MMCV Compiler'])
+try:
+    mmcv.ops.deform_conv2d
+    sys.modules['mmcv._ext'].deform_conv_forward()
+except NotImplementedError as err:
+    print('refused', err)
+from mmplugin.apis import build_model, load_config
+cfg = load_config('configs/swin/swin_t_maskrcnn_1x_coco.py')
+cfg.model.backbone.pop('init_cfg', None)
+from mmengine.optim import build_optim_wrapper
+wrapper = {k: v for k, v in cfg.optim_wrapper.items() if k not in ('loss_scale', 'dtype')}
+wrapper['type'] = 'OptimWrapper'  # the config's AMP wrapper wants a GPU; the constructor is what is checked
+build_optim_wrapper(build_model(cfg), wrapper)  # its paramwise_cfg asks mmcv_full_available()
+print('optimizer built')
+"""
+
+
+def test_stand_in_installs_where_mmcv_has_no_ops_and_the_stack_still_builds():
+    """In a fresh process where ``mmcv._ext`` cannot be found: ``import mmplugin`` does not import ``mmcv.ops``, the
+    stand-in installs (idempotently), ``mmcv.ops`` imports, mmengine reads "no full ops" instead of raising, mmcv's
+    environment report names the kernels' origin, an unserved kernel refuses by name, and a Swin detector with its
+    config's optimizer (``paramwise_cfg``) builds."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run([sys.executable, '-c', STAND_IN_CHILD, *(['torchvision'] if HAS_TORCHVISION else [])],
+                         cwd=root, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert 'compiler n/a (kernels from torchvision)' in out.stdout
+    assert "refused mmcv was installed without its compiled ops and torchvision has no 'deform_conv_forward'" in \
+        out.stdout
+    assert 'optimizer built' in out.stdout
 
 
 @pytest.mark.skipif(not HAS_MMCV_EXT, reason='mmcv without compiled ops')
