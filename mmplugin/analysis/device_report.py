@@ -44,6 +44,9 @@ def backbone_report(specs, device: torch.device, save: Callable[[], None], out: 
         bf16 = device.type == 'cuda' and torch.cuda.get_device_capability(device)[0] >= 8
         precisions = [p for p in device_rows.PRECISIONS if bf16 or 'bf16' not in p]
         train_precisions = [p for p in precisions if p != 'fp16 model']
+    skipped = [c for c in compiled if c not in precisions]
+    if skipped:
+        print(f'  --compile {", ".join(skipped)}: not a precision this device runs natively; no compiled row')
     for spec in specs:
         family, _, arch = spec.partition(':')
         if smoke:
@@ -72,15 +75,16 @@ def backbone_report(specs, device: torch.device, save: Callable[[], None], out: 
     return out
 
 
-def detector_pair_report(config: str, device: torch.device, size, steps: int, batch: int) -> list[dict]:
+def detector_pair_report(config: str, device: torch.device, size, steps: int, batch: int,
+                         precisions=('fp32', 'bf16 autocast', 'fp16 autocast')) -> list[dict]:
     """The Swin-T Mask R-CNN training step of ``config`` with the plugin's backbone against mmdet's (same weights,
-    batch and sampling), interleaved over ``steps`` rounds, per precision, with peak memory
+    batch and sampling), interleaved over ``steps`` rounds, per precision (names of
+    :data:`~mmplugin.analysis.device_rows.PRECISIONS`), with peak memory
     (:func:`mmplugin.analysis.device_rows.detector_rows`); on the CPU one fp32 round at batch 1."""
     from mmplugin.analysis import device_rows
     smoke = device.type == 'cpu'
     rows = device_rows.detector_rows(config, size, 1 if smoke else steps, device,
-                                     ['fp32'] if smoke else ['fp32', 'bf16 autocast', 'fp16 autocast'],
-                                     batch=1 if smoke else batch)
+                                     ['fp32'] if smoke else list(precisions), batch=1 if smoke else batch)
     print_rows(f'Swin-T Mask R-CNN training step, batch {rows[0]["batch"]}, {size[0]}x{size[1]}', rows,
                ('impl', 'precision', 'ms', 'ratio', 'peak_mib', 'step_mib', 'mem_ratio'))
     return rows

@@ -236,6 +236,12 @@ def main(argv=None) -> int:
     bad = [b for b in args.backbones if b.partition(':')[0] not in FAMILIES or not b.partition(':')[2]]
     if bad:
         p.error(f'--backbones takes FAMILY:ARCH with FAMILY one of {", ".join(FAMILIES)}, got {bad}')
+    for b in args.backbones:
+        family, _, arch = b.partition(':')
+        try:
+            FAMILIES[family].resolve_arch(arch)
+        except (ValueError, TypeError) as err:
+            p.error(f'--backbones {b}: {err}')
     if args.rounds < 1 or args.steps < 1:
         p.error(f'--rounds and --steps must be >= 1, got {args.rounds} and {args.steps}')
     for opt in ('infer_size', 'train_size', 'size'):
@@ -295,8 +301,10 @@ def main(argv=None) -> int:
         report['backbones'] = rows
     if 'detectors' in args.sections:
         from mmplugin.analysis.device_report import detector_pair_report
-        report['detector_pair'] = detector_pair_report(osp.join(ROOT, MODELS['mmplugin-swin-t'][0]), device, size,
-                                                       steps, args.batch)
+        pair_precisions = ['fp32'] + [f'{p} autocast' for p in ('bf16', 'fp16') if p in precisions]
+        report['detector_pair'] = pair = detector_pair_report(osp.join(ROOT, MODELS['mmplugin-swin-t'][0]), device,
+                                                              size, steps, args.batch, pair_precisions)
+        ok &= all(math.isfinite(v) for r in pair if r['losses'] for v in r['losses'].values())
         save()
     for name in (names if 'detectors' in args.sections else []):
         for prec in precisions:

@@ -172,8 +172,12 @@ def test_peak_memory_children_run_under_the_parents_threads_and_allocator():
         assert out.stdout.strip() == '1'
     finally:
         torch.set_num_threads(threads)
-    if allocator.retained():
-        assert env['MALLOC_MMAP_MAX_'] == '0'
-    else:
-        import os
-        assert env.get('MALLOC_MMAP_MAX_') == os.environ.get('MALLOC_MMAP_MAX_')
+    import os
+    assert env.get('MALLOC_MMAP_MAX_') == ('0' if allocator.retained() else os.environ.get('MALLOC_MMAP_MAX_'))
+    saved = allocator._RETAINED
+    try:  # as after --retain-memory (without changing this process's allocator)
+        allocator._RETAINED = True
+        env = child_env()
+    finally:
+        allocator._RETAINED = saved
+    assert env['MALLOC_MMAP_MAX_'] == '0' and env['MALLOC_TRIM_THRESHOLD_'] == str(2**31 - 1)

@@ -238,6 +238,7 @@ def test_gpu_check_runs_its_checks_on_the_cpu(tmp_path):
 
 @pytest.mark.parametrize('args, says', [(['--backbones', 'swin'], 'FAMILY:ARCH'),
                                         (['--backbones', 'resnet:50'], 'FAMILY:ARCH'),
+                                        (['--backbones', 'swin:huge'], "unknown arch 'huge'"),
                                         (['--compile', 'fp8'], '--compile takes'),
                                         (['--rounds', '0'], 'must be >= 1'),
                                         (['--train-size', '512by768'], 'is not a size')])
