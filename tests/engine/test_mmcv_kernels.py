@@ -237,7 +237,8 @@ from mmcv.utils import collect_env
 from mmengine.utils.dl_utils import mmcv_full_available
 from mmengine.registry import init_default_scope
 assert mmcv_full_available() is False
-print('compiler', collect_env()['MMCV Compiler'])
+collect_env()  # mmcv's environment report asks the extension for its compiler versions
+print('compiler', mmcv.ops.get_compiler_version())
 try:
     mmcv.ops.deform_conv2d
     sys.modules['mmcv._ext'].deform_conv_forward()
