@@ -1,5 +1,6 @@
-"""The device rows (:mod:`mmplugin.analysis.device_rows`) as ``tools/gpu_check.py`` runs, prints and saves them: one
-markdown table per backbone and measurement, printed as it is measured, the report saved after each.
+"""The device rows (:mod:`mmplugin.analysis.device_rows`, :mod:`mmplugin.analysis.device_training`) as
+``tools/gpu_check.py`` runs, prints and saves them: one markdown table per backbone and measurement, printed as it
+is measured, the report saved after each.
 
 On the CPU (``gpu_check --cpu-smoke``, CI) the same code runs at 64x96 on the smallest arch of each family, one
 round, fp32 and bf16 autocast (training fp32 only): it checks the code path, not the speed.
@@ -33,7 +34,7 @@ def backbone_report(specs, device: torch.device, save: Callable[[], None], out: 
     runs natively, ``compiled`` of them with a ``torch.compile`` row too; training rows at ``train_size``
     (batch 2); for Swin families, the attention operators of each forward and training step. Fills and returns
     ``out[spec] = {'inference': rows, 'training': rows, 'attention': {...}}``, calling ``save()`` after each."""
-    from mmplugin.analysis import device_rows
+    from mmplugin.analysis import device_rows, device_training
     from mmplugin.analysis.timing import parse_hw
     from mmplugin.models.backbones.base import FAMILIES
     smoke = device.type == 'cpu'
@@ -58,7 +59,8 @@ def backbone_report(specs, device: torch.device, save: Callable[[], None], out: 
         print_rows(f'{spec} eval forward, batch 1, {infer[0]}x{infer[1]}', rows,
                    ('impl', 'runtime', 'precision', 'ms', 'ratio', 'gemm_ratio', 'rel_err', 'error'))
         save()
-        entry['training'] = rows = device_rows.training_rows(family, arch, train, rounds, device, train_precisions)
+        entry['training'] = rows = device_training.training_rows(family, arch, train, rounds, device,
+                                                                 train_precisions)
         print_rows(f'{spec} training step, batch 2, {train[0]}x{train[1]}', rows,
                    ('impl', 'precision', 'ms', 'ratio', 'peak_mib', 'step_mib', 'mem_ratio'))
         save()
@@ -80,11 +82,11 @@ def detector_pair_report(config: str, device: torch.device, size, steps: int, ba
     """The Swin-T Mask R-CNN training step of ``config`` with the plugin's backbone against mmdet's (same weights,
     batch and sampling), interleaved over ``steps`` rounds, per precision (names of
     :data:`~mmplugin.analysis.device_rows.PRECISIONS`), with peak memory
-    (:func:`mmplugin.analysis.device_rows.detector_rows`); on the CPU one fp32 round at batch 1."""
-    from mmplugin.analysis import device_rows
+    (:func:`mmplugin.analysis.device_training.detector_rows`); on the CPU one fp32 round at batch 1."""
+    from mmplugin.analysis import device_training
     smoke = device.type == 'cpu'
-    rows = device_rows.detector_rows(config, size, 1 if smoke else steps, device,
-                                     ['fp32'] if smoke else list(precisions), batch=1 if smoke else batch)
+    rows = device_training.detector_rows(config, size, 1 if smoke else steps, device,
+                                         ['fp32'] if smoke else list(precisions), batch=1 if smoke else batch)
     print_rows(f'Swin-T Mask R-CNN training step, batch {rows[0]["batch"]}, {size[0]}x{size[1]}', rows,
                ('impl', 'precision', 'ms', 'ratio', 'peak_mib', 'step_mib', 'mem_ratio'))
     return rows
