@@ -15,6 +15,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from mmplugin.analysis.timing import _sync  # noqa: F401  (device_training uses it from here too)
 from mmplugin.utils.timing import interleaved
 
 __all__ = ['PRECISIONS', 'inference_rows', 'attention_kernels']
@@ -26,11 +27,6 @@ PRECISIONS = {
     'fp16 autocast': (torch.float16, None),
     'fp16 model': (None, torch.float16),
 }
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
 
 
 @contextlib.contextmanager
