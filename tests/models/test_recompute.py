@@ -88,6 +88,31 @@ def test_forward_is_the_plain_ops_bit_for_bit():
     assert got.grad_fn.name().endswith('_WindowAttentionBackward') and torch.equal(got, want)
 
 
+@pytest.mark.parametrize('shifted', [True, False])
+def test_window_softmax_under_autograd_equals_the_plain_sum(shifted):
+    """The explicit path with attention dropout runs ``window_softmax`` under autograd: its in-place sums of the
+    position bias and the mask into the fresh product give the out-of-place sums' probabilities and gradients (for
+    q, k and the bias), float64."""
+    b, nw, heads, n, d = 2, 3, 2, 5, 4
+    _, (q, k, _) = _attention_inputs(b, nw, heads, n, d, torch.float64, 2)
+    pos = _f64(1, heads, n, n, seed=4)
+    mask = torch.randn(nw, n, n, dtype=torch.float64) if shifted else None
+    weight = torch.randn(b * nw, heads, n, n, dtype=torch.float64)
+
+    def plain():
+        logits = (q @ k.transpose(-2, -1)).view(b, nw, heads, n, n) + pos
+        if mask is not None:
+            logits = logits + mask.unsqueeze(1)
+        return logits.view(b * nw, heads, n, n).softmax(-1)
+
+    results = []
+    for fn in (plain, lambda: recompute.window_softmax(q @ k.transpose(-2, -1), pos, mask, b)):
+        probs = fn()
+        results.append((probs.detach(), *torch.autograd.grad((probs * weight).sum(), (q, k, pos))))
+    for got, want in zip(results[1], results[0]):
+        assert rel_err(got, want) <= FP64_PARITY
+
+
 def test_applies_only_to_eager_cpu_training():
     x, w = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
     assert recompute.recompute_applies(x) and recompute.recompute_applies(x.double())

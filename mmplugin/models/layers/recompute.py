@@ -114,12 +114,17 @@ def layer_norm_linear(x: torch.Tensor, norm: torch.nn.LayerNorm, weight: torch.T
 def window_softmax(logits: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, b: int) -> torch.Tensor:
     """``softmax(logits + pos + mask)`` over the last dim: ``logits`` ``(B*nW, heads, N, N)``, the position bias
     ``pos`` ``(1, heads, N, N)`` and the shift mask ``mask`` ``(nW, N, N)`` (or None) shared by the ``b`` images,
-    broadcast by views (mmdet's and the official order: the bias first, then the mask)."""
+    broadcast by views (mmdet's and the official order: the bias first, then the mask).
+
+    ``logits`` must be a fresh product that nothing else reads (the callers' ``q k^T``; autograd keeps a product's
+    inputs, not its output): the bias and the mask are added into it in place, the same additions in the same order,
+    so no further ``(B*nW, heads, N, N)`` map is allocated for them (Swin-T's first stage at 512x768, batch 2: 31 MB
+    per block, twice in the forward and twice in the backward's recomputation)."""
     bw, heads, n, _ = logits.shape
-    logits = logits.view(b, bw // b, heads, n, n) + pos
+    summed = logits.view(b, bw // b, heads, n, n).add_(pos)
     if mask is not None:
-        logits = logits + mask.unsqueeze(1)
-    return logits.view(bw, heads, n, n).softmax(-1)
+        summed.add_(mask.unsqueeze(1))
+    return logits.softmax(-1)
 
 
 class _WindowAttention(torch.autograd.Function):
