@@ -88,6 +88,24 @@ def test_forward_is_the_plain_ops_bit_for_bit():
     assert got.grad_fn.name().endswith('_WindowAttentionBackward') and torch.equal(got, want)
 
 
+@pytest.mark.parametrize('frozen', ['nothing', 'weight', 'input'])
+def test_gelu_linear_backward_equals_autograd_whichever_gradients_are_asked(frozen):
+    """The backward reuses one hidden-map buffer (GELU(h) for the weight gradient, then grad @ W and GELU's
+    backward in place) only when it computed GELU(h): each combination of wanted gradients equals autograd's through
+    the plain ops, float64."""
+    h, w, bb = _f64(3, 7, 16, seed=0), _f64(5, 16, seed=1), _f64(5, seed=2)
+    if frozen == 'weight':
+        w, bb = w.detach(), bb.detach()
+    elif frozen == 'input':
+        h = h.detach()
+    wanted = [t for t in (h, w, bb) if t.requires_grad]
+    g = torch.randn(3, 7, 5, dtype=torch.float64)
+    got = torch.autograd.grad(recompute._GeluLinear.apply(h, w, bb), wanted, g)
+    want = torch.autograd.grad(F.linear(F.gelu(h), w, bb), wanted, g)
+    for a, b in zip(got, want):
+        assert rel_err(a, b) <= FP64_PARITY
+
+
 @pytest.mark.parametrize('shifted', [True, False])
 def test_window_softmax_under_autograd_equals_the_plain_sum(shifted):
     """The explicit path with attention dropout runs ``window_softmax`` under autograd: its in-place sums of the
