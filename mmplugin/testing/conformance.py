@@ -22,6 +22,7 @@ import itertools
 import math
 
 import torch
+import torch.utils._python_dispatch
 import torch.utils.checkpoint
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -187,12 +188,35 @@ def _dtype_hooks(model: nn.Module, dtype: torch.dtype, wrong: list[str]):
     return [m.register_forward_hook(hook) for m in model.modules()]
 
 
+# the products autocast runs in its lower precision (its CPU and CUDA lists), and the oneDNN fused forms the plugin
+# calls for some of them (mmplugin.models.layers.fusion): these must see the autocast dtype too
+_GEMM_OPS = frozenset({'aten::mm', 'aten::addmm', 'aten::bmm', 'aten::baddbmm', 'aten::convolution',
+                       'mkldnn::_linear_pointwise', 'mkldnn::_convolution_pointwise'})
+
+
+class _GemmDtypes(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records ``(op, dtype of its input)`` of every product in :data:`_GEMM_OPS` that runs inside it (below
+    autocast, so the dtypes are what the kernels received)."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: set[tuple[str, torch.dtype]] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket._qualified_op_name
+        if name in _GEMM_OPS and args and isinstance(args[0], torch.Tensor):
+            self.seen.add((name, args[0].dtype))
+        return func(*args, **(kwargs or {}))
+
+
 def check_reduced_precision(cls, arch, dtypes=('bf16', 'fp16'), sizes=SIZES, scales=(1.0, 1e3),
                             device: str = 'cpu') -> None:
     """fp16 and bf16, under autocast and as a whole model cast with ``.to(dtype)``, at every size of ``sizes``
     (divisible and not: padding, shifted windows) and at inputs scaled up to ``scales``: every output is finite
     and within ``REDUCED_VS_FP32[dtype]`` of fp32 (eval, default init); a cast model computes in its dtype end to
-    end (every submodule's output, and the returned maps); autocast training gives finite outputs and gradients.
+    end (every submodule's output, and the returned maps); under autocast every product (linear, convolution,
+    batched matmul, oneDNN fused forms) runs in the autocast dtype; autocast training gives finite outputs and
+    gradients.
     ``device``: where to run (``tools/gpu_check.py`` runs it on CUDA).
     """
     device_type = torch.device(device).type
@@ -213,7 +237,8 @@ def check_reduced_precision(cls, arch, dtypes=('bf16', 'fp16'), sizes=SIZES, sca
             x = torch.randn(2, model.in_channels, h, w, device=device) * scale
             with torch.no_grad():
                 ref = model(x)
-                with torch.autocast(device_type, dtype=dtype):
+                gemms = _GemmDtypes()
+                with torch.autocast(device_type, dtype=dtype), gemms:
                     auto = model(x)
                 wrong: list[str] = []
                 hooks = _dtype_hooks(low, dtype, wrong)
@@ -224,6 +249,8 @@ def check_reduced_precision(cls, arch, dtypes=('bf16', 'fp16'), sizes=SIZES, sca
                         hk.remove()
             where = f'{name}, {h}x{w}, input scale {scale:g}'
             assert not wrong, f'{where}: .to({dtype}) model left its dtype in {sorted(set(wrong))[:4]}'
+            other = sorted(f'{op} in {dt}' for op, dt in gemms.seen if dt != dtype)
+            assert gemms.seen and not other, f'{where}, autocast: products outside {dtype}: {other}'
             for mode, got in (('autocast', auto), ('cast model', cast)):
                 for i, (o, r) in enumerate(zip(got, ref)):
                     assert torch.isfinite(o).all(), f'{where}, {mode}: output {i} is not finite'

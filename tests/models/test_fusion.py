@@ -10,6 +10,7 @@ from conftest import FP32_PARITY
 from torch import nn
 
 from mmplugin.models.layers.fusion import linear, linear_act, linear_add, onednn_fusion_disabled
+from mmplugin.testing.numeric import REDUCED_VS_FP32
 from mmplugin.utils.numerics import max_rel_error
 
 
@@ -51,3 +52,28 @@ def test_fused_linear_falls_back_under_autograd():
     r.requires_grad_(True)
     linear_add(linear_act(x, layer, 'gelu')[..., :40], layer, r).sum().backward()
     assert torch.equal(r.grad, torch.ones_like(r)) and layer.weight.grad is not None
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize('low', ['bfloat16', 'float16'])
+@pytest.mark.parametrize('case', list(CASES))
+def test_fused_linear_follows_cpu_autocast(case, low):
+    """Under CPU autocast a fused op returns what the plain ops return there: the product in the autocast dtype (the
+    oneDNN forms are on no autocast list, so they must cast as autocast does, or they would run a bf16 forward's
+    GEMMs in fp32), within that dtype's rounding of fp32; an fp32 residual added to it stays fp32, as the reference
+    formulations' ``x + f(x)`` (an in-place add would round the residual stream to bf16 / fp16 at every block)."""
+    fused, plain = CASES[case]
+    layer, x, r = _operands()
+    dtype = getattr(torch, low)
+    with torch.inference_mode():
+        exact = plain(x, layer, r)
+        with torch.autocast('cpu', dtype=dtype):
+            ref = plain(x, layer, r)
+            got = fused(x, layer, r)
+            chained = linear_add(linear_act(x, layer, 'gelu')[..., :40], layer, r)  # a bf16 / fp16 input too
+    with torch.autocast('cpu', dtype=dtype):  # training (the plain ops): the residual stream stays fp32 too
+        trained = linear_add(x, layer, r.clone().requires_grad_(True))
+    expected = torch.float32 if case == 'add' else dtype
+    assert trained.dtype == torch.float32
+    assert ref.dtype == got.dtype == expected and chained.dtype == torch.float32
+    assert max_rel_error(got, exact) <= REDUCED_VS_FP32[{'bfloat16': 'bf16', 'float16': 'fp16'}[low]]

@@ -120,14 +120,57 @@ def onednn_fusion_disabled():
         _FUSION_OFF -= 1
 
 
-def can_fuse_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """oneDNN post-op fusion applies: CPU, fp32, no autograd (deployed inference), not traced / exported / compiled
-    (those graphs keep standard ops: the oneDNN ops have no fake-tensor kernel; inductor fuses on its own)."""
+def fused_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype | None:
+    """The dtype in which oneDNN's fused ops compute ``x`` against ``weight``, or None where they do not apply.
+
+    They apply at inference on a CPU (no autograd), not traced / exported / compiled (those graphs keep standard ops:
+    the oneDNN ops have no fake-tensor kernel; inductor fuses on its own), in:
+
+    - fp32: ``x`` and ``weight`` fp32, outside autocast;
+    - bf16: under CPU bf16 autocast (``x`` fp32 or bf16, ``weight`` fp32 or bf16: the operands are cast as autocast
+      casts them for ``F.linear`` / ``F.conv2d``, and the result is bf16 like theirs), or a bf16 model (``x`` and
+      ``weight`` bf16) -- where oneDNN has bf16 kernels (AVX-512 and newer). The fused ops are not on autocast's
+      lists: without this dtype they would run a bf16-autocast forward's GEMMs in fp32.
+
+    Anything else (fp16, bf16 without oneDNN bf16 kernels, float64) runs standard ops, under autocast as usual.
+    """
     if (torch.jit.is_tracing() or torch.jit.is_scripting() or torch.compiler.is_compiling()
             or torch.onnx.is_in_onnx_export() or _FUSION_OFF):
-        return False
-    return (_ONEDNN and x.device.type == 'cpu' and x.dtype == torch.float32 and weight.dtype == torch.float32
-            and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)))
+        return None
+    if not _ONEDNN or x.device.type != 'cpu' or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        return None
+    if torch.is_autocast_enabled('cpu'):
+        ok = (torch.get_autocast_dtype('cpu') == torch.bfloat16 and _onednn_bf16()
+              and x.dtype in _AUTOCAST_IN and weight.dtype in _AUTOCAST_IN)
+        return torch.bfloat16 if ok else None
+    if x.dtype == weight.dtype == torch.float32:
+        return torch.float32
+    return torch.bfloat16 if x.dtype == weight.dtype == torch.bfloat16 and _onednn_bf16() else None
+
+
+_AUTOCAST_IN = (torch.float32, torch.bfloat16)
+
+
+def _onednn_bf16() -> bool:
+    """oneDNN has bf16 kernels on this CPU (AVX-512 and newer; native with AVX512-BF16 / AMX)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
+def can_fuse_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """oneDNN post-op fusion applies to ``x`` against ``weight`` (:func:`fused_dtype` names the dtype)."""
+    return fused_dtype(x, weight) is not None
+
+
+def _operands(dtype: torch.dtype, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None):
+    """``x``, ``w`` and ``b`` in ``dtype`` (casts only under autocast; no copy where they already are)."""
+    return x.to(dtype), w.to(dtype), None if b is None else b.to(dtype)
+
+
+def add_residual(out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """``out + residual``, in place into ``out`` where that keeps the promoted dtype; otherwise out of place, as
+    the reference formulations' ``x + f(x)``: under autocast ``out`` is bf16 / fp16 while the residual stream stays
+    fp32, and an in-place add would round the stream to the lower precision at every block."""
+    return out.add_(residual) if out.dtype == torch.result_type(out, residual) else residual + out
 
 
 def conv_act(x: torch.Tensor, conv: nn.Conv2d, act: str, weight: torch.Tensor | None = None,
@@ -138,7 +181,9 @@ def conv_act(x: torch.Tensor, conv: nn.Conv2d, act: str, weight: torch.Tensor | 
     """
     w = conv.weight if weight is None else weight
     b = conv.bias if weight is None else bias
-    if can_fuse_onednn(x, w):
+    dtype = fused_dtype(x, w)
+    if dtype is not None:
+        x, w, b = _operands(dtype, x, w, b)
         return torch.ops.mkldnn._convolution_pointwise(x, w, b, list(conv.padding), list(conv.stride),
                                                        list(conv.dilation), conv.groups, act, [],
                                                        'none' if act == 'gelu' else None)
@@ -147,14 +192,21 @@ def conv_act(x: torch.Tensor, conv: nn.Conv2d, act: str, weight: torch.Tensor | 
 
 def conv_add(x: torch.Tensor, conv: nn.Conv2d, residual: torch.Tensor, weight: torch.Tensor | None = None,
              bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``conv(x) + residual`` (optionally with replacement ``weight`` / ``bias``), one oneDNN kernel when possible."""
+    """``conv(x) + residual`` (optionally with replacement ``weight`` / ``bias``), one oneDNN kernel when possible.
+    The sum keeps the promoted dtype (:func:`add_residual`): an fp32 ``residual`` stays fp32 under autocast."""
     w = conv.weight if weight is None else weight
     b = conv.bias if weight is None else bias
-    if can_fuse_onednn(x, w) and not residual.requires_grad:
-        return torch.ops.mkldnn._convolution_pointwise.binary(x, residual, w, b, list(conv.padding),
-                                                              list(conv.stride), list(conv.dilation), conv.groups,
-                                                              'add', None, None, [], None)
-    return F.conv2d(x, w, b, conv.stride, conv.padding, conv.dilation, conv.groups).add_(residual)
+    dtype = fused_dtype(x, w)
+    if dtype is not None and not residual.requires_grad:
+        x, w, b = _operands(dtype, x, w, b)
+        if residual.dtype == dtype:
+            return torch.ops.mkldnn._convolution_pointwise.binary(x, residual, w, b, list(conv.padding),
+                                                                  list(conv.stride), list(conv.dilation),
+                                                                  conv.groups, 'add', None, None, [], None)
+        out = torch.ops.mkldnn._convolution_pointwise(x, w, b, list(conv.padding), list(conv.stride),
+                                                      list(conv.dilation), conv.groups, 'none', [], None)
+        return add_residual(out, residual)
+    return add_residual(F.conv2d(x, w, b, conv.stride, conv.padding, conv.dilation, conv.groups), residual)
 
 
 def linear(x: torch.Tensor, layer: nn.Linear, weight: torch.Tensor | None = None,
@@ -165,8 +217,9 @@ def linear(x: torch.Tensor, layer: nn.Linear, weight: torch.Tensor | None = None
     2 cores, AMD EPYC family 25)."""
     w = layer.weight if weight is None else weight
     b = layer.bias if weight is None else bias
-    if can_fuse_onednn(x, w):
-        return torch.ops.mkldnn._linear_pointwise(x, w, b, 'none', [], '')
+    dtype = fused_dtype(x, w)
+    if dtype is not None:
+        return torch.ops.mkldnn._linear_pointwise(*_operands(dtype, x, w, b), 'none', [], '')
     return F.linear(x, w, b)
 
 
@@ -176,14 +229,21 @@ def linear_act(x: torch.Tensor, linear: nn.Linear, act: str) -> torch.Tensor:
     second pass over the ``(..., N)`` result (Swin's MLP: 4C channels at every position). Only GELU is fused:
     oneDNN's ReLU post-op maps NaN to 0 (its GELU keeps NaN; tests/models/test_fusion.py), so ReLU runs as its own op
     and NaN in gives NaN out."""
-    if act == 'gelu' and can_fuse_onednn(x, linear.weight):
-        return torch.ops.mkldnn._linear_pointwise(x, linear.weight, linear.bias, 'gelu', [], 'none')
+    dtype = fused_dtype(x, linear.weight) if act == 'gelu' else None
+    if dtype is not None:
+        return torch.ops.mkldnn._linear_pointwise(*_operands(dtype, x, linear.weight, linear.bias), 'gelu', [],
+                                                  'none')
     return _act(F.linear(x, linear.weight, linear.bias), act)
 
 
 def linear_add(x: torch.Tensor, linear: nn.Linear, residual: torch.Tensor) -> torch.Tensor:
     """``linear(x) + residual`` on ``(..., K)`` / ``(..., N)`` tensors, one oneDNN kernel when possible (the residual
-    is read into the GEMM's output tile instead of a second pass over both maps)."""
-    if can_fuse_onednn(x, linear.weight) and not residual.requires_grad and residual.dtype == x.dtype:
-        return torch.ops.mkldnn._linear_pointwise.binary(x, residual, linear.weight, linear.bias, 'add')
-    return F.linear(x, linear.weight, linear.bias).add_(residual)
+    is read into the GEMM's output tile instead of a second pass over both maps). The sum keeps the promoted dtype
+    (:func:`add_residual`): under autocast the GEMM runs in bf16 and an fp32 residual stream stays fp32."""
+    dtype = fused_dtype(x, linear.weight)
+    if dtype is not None and not residual.requires_grad:
+        x, w, b = _operands(dtype, x, linear.weight, linear.bias)
+        if residual.dtype == dtype:
+            return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, b, 'add')
+        return add_residual(torch.ops.mkldnn._linear_pointwise(x, w, b, 'none', [], ''), residual)
+    return add_residual(F.linear(x, linear.weight, linear.bias), residual)

@@ -14,6 +14,7 @@ from torch import nn
 
 from mmplugin.models.layers.drop import DropPath
 from mmplugin.models.layers.fusion import (
+    add_residual,
     conv_act,
     conv_add,
     conv_bn,
@@ -45,7 +46,7 @@ def _residual_conv(y: torch.Tensor, conv: nn.Conv2d, scale: torch.Tensor | None,
     """``x + drop_path(scale * conv(y))``; one fused kernel at inference."""
     w, b = _scaled_weights(conv, scale)
     if drop_path.training and drop_path.p > 0:
-        return drop_path(F.conv2d(y, w, b)).add_(x)
+        return add_residual(drop_path(F.conv2d(y, w, b)), x)
     return conv_add(y, conv, x, w, b)
 
 
