@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import FP64_PARITY, randomize_, rel_err
+from conftest import BF16_VS_FP32, FP64_PARITY, randomize_, rel_err
 
 from mmplugin.models.backbones import SwinTransformer, SwinTransformerV2
 from mmplugin.models.layers import recompute
@@ -129,6 +129,59 @@ def test_window_softmax_under_autograd_equals_the_plain_sum(shifted):
         results.append((probs.detach(), *torch.autograd.grad((probs * weight).sum(), (q, k, pos))))
     for got, want in zip(results[1], results[0]):
         assert rel_err(got, want) <= FP64_PARITY
+
+
+@pytest.mark.parametrize('shifted', [True, False])
+def test_window_softmax_under_autocast_sums_in_fp32(shifted):
+    """CPU bf16 autocast training: the bf16 ``q k^T`` plus the position bias and the mask are summed and normalised
+    in fp32, as the reference formulations' out-of-place ``attn + bias`` promotes them (an in-place sum into the
+    product would round them to bf16): the same probabilities and gradients, bit for bit."""
+    b, nw, heads, n, d = 2, 3, 2, 5, 4
+    _, (q, k, _) = _attention_inputs(b, nw, heads, n, d, torch.float32, 6)
+    pos = torch.randn(1, heads, n, n).requires_grad_()
+    mask = torch.randn(nw, n, n) if shifted else None
+    weight = torch.randn(b * nw, heads, n, n)
+
+    def plain():
+        logits = (q @ k.transpose(-2, -1)).view(b, nw, heads, n, n) + pos
+        if mask is not None:
+            logits = logits + mask.unsqueeze(1)
+        return logits.view(b * nw, heads, n, n).softmax(-1)
+
+    results = []
+    for fn in (plain, lambda: recompute.window_softmax(q @ k.transpose(-2, -1), pos, mask, b)):
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            probs = fn()
+        results.append((probs.detach(), *torch.autograd.grad((probs * weight).sum(), (q, k, pos))))
+    assert results[0][0].dtype == torch.float32
+    for got, want in zip(results[1], results[0]):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@pytest.mark.parametrize('v2', [False, True], ids=['v1', 'v2'])
+def test_bf16_autocast_training_runs_the_explicit_attention(v2, monkeypatch):
+    """Under CPU bf16 autocast a training forward with learnt position biases takes the explicit products (SDPA has
+    no fused gradient for its mask and would fall back to its slower fp32 math path): no SDPA call, outputs within
+    the bf16 bound of fp32 (default initialisation, as the bound's argument assumes; random weights at the scale of
+    the parity tests make these small networks chaotic in bf16, the official formulation's too) and finite
+    gradients for every parameter."""
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, 'scaled_dot_product_attention', lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    cls = SwinTransformerV2 if v2 else SwinTransformer
+    torch.manual_seed(5)
+    model = cls(SMALL, window_size=7, drop_path_rate=0.0).train()
+    x = torch.randn(2, 3, 71, 90)
+    with torch.no_grad():
+        ref = model(x)  # inference: SDPA
+    calls.clear()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        outs = model(x)
+    sum(o.float().pow(2).mean() for o in outs).backward()
+    assert not calls
+    for o, r in zip(outs, ref):
+        assert rel_err(o.float(), r) < BF16_VS_FP32
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
 def test_applies_only_to_eager_cpu_training():

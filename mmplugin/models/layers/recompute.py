@@ -128,9 +128,16 @@ def window_softmax(logits: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor |
     and where autograd records nothing (the recomputing attention's forward and backward) the softmax overwrites it
     too (a row's maximum and sum are taken before any of its entries is written). So no further ``(B*nW, heads, N,
     N)`` map is allocated (Swin-T's first stage at 512x768, batch 2: 31 MB per block, three fewer in the forward and
-    three fewer in the backward's recomputation; each fresh map that size is page-faulted in anew)."""
+    three fewer in the backward's recomputation; each fresh map that size is page-faulted in anew). Under
+    autocast a bf16 ``logits`` is summed out of place in fp32."""
     bw, heads, n, _ = logits.shape
-    summed = logits.view(b, bw // b, heads, n, n).add_(pos)
+    summed = logits.view(b, bw // b, heads, n, n)
+    wide = torch.float32 if torch.is_autocast_enabled(logits.device.type) else torch.result_type(summed, pos)
+    if summed.dtype == wide:
+        summed.add_(pos)
+    else:  # autocast: a bf16 product plus the bias, summed (and normalised) in fp32 as the references do
+        summed = summed.to(wide).add_(pos)
+        logits = summed.view(bw, heads, n, n)
     if mask is not None:
         summed.add_(mask.unsqueeze(1))
     if (torch.is_grad_enabled() and (logits.requires_grad or pos.requires_grad)) or not logits.is_contiguous():

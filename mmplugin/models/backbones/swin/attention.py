@@ -115,12 +115,17 @@ def _attend(q, k, v, pos: torch.Tensor, mask: torch.Tensor | None, b: int, scale
 
 
 def _explicit_for_training(q: torch.Tensor, bias: torch.Tensor) -> bool:
-    """CPU fp32 (or float64) training with a learnt bias: SDPA's fused CPU kernel has no gradient for its mask, so
-    SDPA falls back to its math path (a safe softmax that scans every row for full masking, the broadcast bias
-    copied per window); the explicit products below compute the same function 1.2-1.4x faster forward + backward
-    (Swin-T's stages at 512x768, batch 2, AMD EPYC family 25, 2 threads)."""
-    return (q.device.type == 'cpu' and q.dtype in _EXPLICIT_DTYPES and bias.dtype == q.dtype
-            and torch.is_grad_enabled() and bias.requires_grad and not is_tracing())
+    """CPU training with a learnt bias in fp32 / float64, or under CPU bf16 autocast: SDPA's fused CPU kernel has no
+    gradient for its mask, so SDPA falls back to its math path (a safe softmax that scans every row for full
+    masking, the broadcast bias copied per window, under autocast in fp32 throughout); the explicit products below
+    compute the same function 1.2-1.4x faster forward + backward in fp32 (Swin-T's stages at 512x768, batch 2, AMD
+    EPYC family 25, 2 threads), and under bf16 autocast they are mmdet's and the official formulation: the products
+    in bf16, the bias, mask and softmax in fp32. fp16 autocast keeps SDPA (its math path upcasts the products)."""
+    if q.device.type != 'cpu' or not (torch.is_grad_enabled() and bias.requires_grad) or is_tracing():
+        return False
+    if torch.is_autocast_enabled('cpu'):
+        return q.dtype == torch.get_autocast_dtype('cpu') == torch.bfloat16
+    return q.dtype in _EXPLICIT_DTYPES and bias.dtype == q.dtype
 
 
 _EXPLICIT_DTYPES = (torch.float32, torch.float64)
