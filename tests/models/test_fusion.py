@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from conftest import FP32_PARITY
 from torch import nn
 
-from mmplugin.models.layers.fusion import linear, linear_act, linear_add, onednn_fusion_disabled
+from mmplugin.models.layers.fusion import _onednn_bf16, linear, linear_act, linear_add, onednn_fusion_disabled
+from mmplugin.testing.conformance import _GemmDtypes
 from mmplugin.testing.numeric import REDUCED_VS_FP32
 from mmplugin.utils.numerics import max_rel_error
 
@@ -75,5 +76,10 @@ def test_fused_linear_follows_cpu_autocast(case, low):
         trained = linear_add(x, layer, r.clone().requires_grad_(True))
     expected = torch.float32 if case == 'add' else dtype
     assert trained.dtype == torch.float32
+    if dtype == torch.bfloat16 and case != 'relu' and _onednn_bf16():  # the fused form ran, in bf16
+        gemms = _GemmDtypes()
+        with torch.inference_mode(), torch.autocast('cpu', dtype=dtype), gemms:
+            fused(x, layer, r)
+        assert gemms.seen == {('mkldnn::_linear_pointwise', torch.bfloat16)}
     assert ref.dtype == got.dtype == expected and chained.dtype == torch.float32
     assert max_rel_error(got, exact) <= REDUCED_VS_FP32[{'bfloat16': 'bf16', 'float16': 'fp16'}[low]]

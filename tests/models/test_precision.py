@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import FP32_PARITY, rel_err
 
 from mmplugin.models import SwiftFormer, SwinTransformer, SwinTransformerV2
@@ -313,3 +314,18 @@ def test_training_after_inference_mode_at_the_same_size():
         model.train()
         sum(o.pow(2).mean() for o in model(x)).backward()
         assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize('mode', ['autocast', 'model'])
+def test_fp16_token_score_norm_does_not_overflow(mode):
+    """SwiftFormer normalises its token scores over the N tokens; in fp16 the sum of squares runs in fp32 (300 scores
+    of 20 sum to 1.2e5, past fp16's 65504: a zero norm and all-zero weights otherwise), also under autocast, which
+    would cast the fp32 product back to fp16: ``F.normalize`` in fp32, within fp16's bound."""
+    from mmplugin.models.backbones.swiftformer.attention import l2_normalize
+    scores = torch.full((2, 300, 1), 20.0)
+    scores[1, :, 0] = torch.linspace(-30, 30, 300)
+    ref = F.normalize(scores, dim=1)
+    with torch.autocast('cpu', dtype=torch.float16, enabled=mode == 'autocast'):
+        got = l2_normalize(scores.half(), dim=1)
+    assert got.dtype == torch.float16 and rel_err(got.float(), ref) < FP16_VS_FP32

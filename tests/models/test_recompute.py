@@ -131,19 +131,21 @@ def test_window_softmax_under_autograd_equals_the_plain_sum(shifted):
         assert rel_err(got, want) <= FP64_PARITY
 
 
+@pytest.mark.parametrize('pos_dtype', ['float32', 'bfloat16'])  # V1's bias table; V2's CPB MLP under autocast
 @pytest.mark.parametrize('shifted', [True, False])
-def test_window_softmax_under_autocast_sums_in_fp32(shifted):
+def test_window_softmax_under_autocast_sums_in_fp32(shifted, pos_dtype):
     """CPU bf16 autocast training: the bf16 ``q k^T`` plus the position bias and the mask are summed and normalised
     in fp32, as the reference formulations' out-of-place ``attn + bias`` promotes them (an in-place sum into the
-    product would round them to bf16): the same probabilities and gradients, bit for bit."""
+    product would round them to bf16; V2's logits are fp32 there through its fp32 logit scale): the same
+    probabilities and gradients, bit for bit."""
     b, nw, heads, n, d = 2, 3, 2, 5, 4
     _, (q, k, _) = _attention_inputs(b, nw, heads, n, d, torch.float32, 6)
-    pos = torch.randn(1, heads, n, n).requires_grad_()
+    pos = torch.randn(1, heads, n, n).to(getattr(torch, pos_dtype)).requires_grad_()
     mask = torch.randn(nw, n, n) if shifted else None
     weight = torch.randn(b * nw, heads, n, n)
 
     def plain():
-        logits = (q @ k.transpose(-2, -1)).view(b, nw, heads, n, n) + pos
+        logits = (q @ k.transpose(-2, -1)).view(b, nw, heads, n, n).float() + pos
         if mask is not None:
             logits = logits + mask.unsqueeze(1)
         return logits.view(b * nw, heads, n, n).softmax(-1)
@@ -156,6 +158,9 @@ def test_window_softmax_under_autocast_sums_in_fp32(shifted):
     assert results[0][0].dtype == torch.float32
     for got, want in zip(results[1], results[0]):
         assert got.dtype == want.dtype and torch.equal(got, want)
+    with torch.autocast('cpu', dtype=torch.bfloat16):  # float64 stays float64 under autocast
+        q64, k64, pos64 = q.detach().double(), k.detach().double(), pos.detach().double()
+        assert recompute.window_softmax(q64 @ k64.transpose(-2, -1), pos64, mask, b).dtype == torch.float64
 
 
 @pytest.mark.parametrize('v2', [False, True], ids=['v1', 'v2'])

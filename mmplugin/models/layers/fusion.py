@@ -8,6 +8,7 @@ rewrites (differences are float rounding, ~1e-7 relative), used both on the fly 
 from __future__ import annotations
 
 from contextlib import contextmanager
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -151,8 +152,10 @@ def fused_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype | None:
 _AUTOCAST_IN = (torch.float32, torch.bfloat16)
 
 
+@lru_cache(maxsize=None)
 def _onednn_bf16() -> bool:
-    """oneDNN has bf16 kernels on this CPU (AVX-512 and newer; native with AVX512-BF16 / AMX)."""
+    """oneDNN has bf16 kernels on this CPU (AVX-512 and newer; native with AVX512-BF16 / AMX). Fixed for the
+    process: the kernel family caps (``ONEDNN_MAX_CPU_ISA``) are read when oneDNN starts."""
     return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 

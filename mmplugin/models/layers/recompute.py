@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from mmplugin.models.layers.precision import REDUCED_DTYPES, autocast_dtype
+
 __all__ = ['recompute_applies', 'layer_norm_linear', 'gelu_linear', 'window_softmax', 'window_softmax_attention']
 
 _DTYPES = (torch.float32, torch.float64)
@@ -129,10 +131,12 @@ def window_softmax(logits: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor |
     too (a row's maximum and sum are taken before any of its entries is written). So no further ``(B*nW, heads, N,
     N)`` map is allocated (Swin-T's first stage at 512x768, batch 2: 31 MB per block, three fewer in the forward and
     three fewer in the backward's recomputation; each fresh map that size is page-faulted in anew). Under
-    autocast a bf16 ``logits`` is summed out of place in fp32."""
+    autocast a bf16 / fp16 sum is taken out of place in fp32 instead."""
     bw, heads, n, _ = logits.shape
     summed = logits.view(b, bw // b, heads, n, n)
-    wide = torch.float32 if torch.is_autocast_enabled(logits.device.type) else torch.result_type(summed, pos)
+    wide = torch.result_type(summed, pos)
+    if wide in REDUCED_DTYPES and autocast_dtype(logits.device.type) is not None:
+        wide = torch.float32
     if summed.dtype == wide:
         summed.add_(pos)
     else:  # autocast: a bf16 product plus the bias, summed (and normalised) in fp32 as the references do

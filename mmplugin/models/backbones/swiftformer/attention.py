@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmplugin.models.layers.precision import NARROW_RANGE_DTYPES
+from mmplugin.models.layers.precision import NARROW_RANGE_DTYPES, autocast_dtype
 
 __all__ = ['l2_normalize', 'L2Norm', 'EfficientAdditiveAttention']
 
@@ -26,15 +26,19 @@ def l2_normalize(x: torch.Tensor, dim: int = -1, eps: float = 1e-12) -> torch.Te
     (XNNPACK lowers it to global average pooling; it has no ``sum``); over tokens the squared norm is
     ``bmm(x^T, x)``. No size but ``C`` is read, so a dynamic batch exports without shape ops. Same value up to
     rounding (float64: ~1e-16 relative). fp16 tokens are normalised in fp32 and cast back (as
-    ``F.normalize`` runs under GPU autocast, :mod:`~mmplugin.models.layers.precision`).
+    ``F.normalize`` runs under GPU autocast, :mod:`~mmplugin.models.layers.precision`), the token scores' ``bmm``
+    with autocast off (which would otherwise cast it back to fp16, where 300 scores of 20 overflow to a zero norm).
     """
     if x.dim() != 3 or dim not in (-1, 2, 1) or (dim == 1 and x.shape[-1] != 1):
         raise ValueError('l2_normalize takes tokens (B, N, C) with dim=-1, or token scores (B, N, 1) with dim=1; '
                          f'got {tuple(x.shape)}, dim={dim}')
     low = x.dtype in NARROW_RANGE_DTYPES  # fp16's range: squares overflow past 256 and eps^2 is 0: in fp32
     xf = x.float() if low else x
-    if dim == 1:
-        sq = torch.bmm(xf.transpose(1, 2), xf)  # (B, 1, 1)
+    if dim == 1 and low and autocast_dtype(x.device.type) is not None:
+        with torch.autocast(x.device.type, enabled=False):  # autocast would run the bmm in fp16 again
+            sq = torch.bmm(xf.transpose(1, 2), xf)  # (B, 1, 1)
+    elif dim == 1:
+        sq = torch.bmm(xf.transpose(1, 2), xf)
     else:
         sq = (xf * xf).unsqueeze(-1).mean((-2, -1), keepdim=True).flatten(-2) * x.shape[-1]  # (B, N, 1)
     y = xf * torch.rsqrt(torch.clamp_min(sq, eps * eps))
