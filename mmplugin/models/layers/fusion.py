@@ -173,7 +173,7 @@ def add_residual(out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """``out + residual``, in place into ``out`` where that keeps the promoted dtype; otherwise out of place, as
     the reference formulations' ``x + f(x)``: under autocast ``out`` is bf16 / fp16 while the residual stream stays
     fp32, and an in-place add would round the stream to the lower precision at every block."""
-    return out.add_(residual) if out.dtype == torch.result_type(out, residual) else residual + out
+    return out.add_(residual) if out.dtype == torch.promote_types(out.dtype, residual.dtype) else residual + out
 
 
 def conv_act(x: torch.Tensor, conv: nn.Conv2d, act: str, weight: torch.Tensor | None = None,

@@ -134,7 +134,7 @@ def window_softmax(logits: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor |
     autocast a bf16 / fp16 sum is taken out of place in fp32 instead."""
     bw, heads, n, _ = logits.shape
     summed = logits.view(b, bw // b, heads, n, n)
-    wide = torch.result_type(summed, pos)
+    wide = torch.promote_types(summed.dtype, pos.dtype)
     if wide in REDUCED_DTYPES and autocast_dtype(logits.device.type) is not None:
         wide = torch.float32
     if summed.dtype == wide:
