@@ -165,12 +165,19 @@ def _openvino_call(ov, onnx_path: str, x: torch.Tensor, hint: str, outs: dict):
     return fn
 
 
+BLAS_ROW = 'mmplugin, linears on BLAS'
+
+
 def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16: bool = False,
                   memory: bool = True) -> list[dict]:
     """Backbone training steps (batch 2, forward + backward + AdamW step, train mode) of the plugin and its peers
     with the same weights (:func:`mmplugin.analysis.peers.benchmark_models`; networks that are not the same
     function are left out), interleaved; and each one's peak memory of a step in a fresh process
     (:func:`mmplugin.analysis.memory.peak_memory`, plugin and first peer, with and without activation checkpointing).
+
+    Where oneDNN serves the plugin's fp32 training linears (:mod:`mmplugin.models.layers.gemm`), the same fp32 step
+    with them on torch's BLAS (``F.linear``) runs in the same rounds too (row :data:`BLAS_ROW`): what the kernel
+    choice is worth on this CPU.
 
     In the same rounds, per precision, the plugin's GEMM-only step: every product a step of its linears and 1x1
     convolutions needs (forward, input gradient, weight gradient: :func:`~mmplugin.analysis.gemm_floor.training_shapes`)
@@ -184,6 +191,7 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
     from mmplugin.analysis.gemm_floor import gemm_calls, gemm_seconds, linear_shapes, training_shapes
     from mmplugin.analysis.memory import peak_memory, supports_checkpointing
     from mmplugin.analysis.peers import benchmark_models
+    from mmplugin.models.layers import gemm as gemm_module
     torch.manual_seed(0)
     models = benchmark_models(family, arch, 'cpu')
     ref_out = None
@@ -213,6 +221,11 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
                 sum(o.float().mean() for o in outs).backward()
                 opt.step()
             fns[(name, 'bf16 autocast' if dtype else 'fp32')] = step
+    if gemm_module._AVAILABLE and 'mmplugin' in same:
+        def blas_step(step=fns[('mmplugin', 'fp32')]):
+            with gemm_module.onednn_training_gemms(False):
+                step()
+        fns[(BLAS_ROW, 'fp32')] = blas_step
     times = interleaved(fns, rounds)
     gemm = {p: gemm_seconds({key[1:]: times.pop(key) for key in list(times) if key[0] == p and key[1] == 'gemm'},
                             shapes)[0] for p in precisions}
@@ -220,7 +233,8 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
     for (name, precision), sec in times.items():
         first.setdefault(precision, sec)
         rows.append(dict(backbone=f'{family} {arch}', impl=name, precision=precision, seconds=sec,
-                         ratio=first[precision] / sec, gemm_ratio=sec / gemm[precision] if name == 'mmplugin' else None,
+                         ratio=first[precision] / sec,
+                         gemm_ratio=sec / gemm[precision] if name in ('mmplugin', BLAS_ROW) else None,
                          peak_mib=None, mem_ratio=None, size=list(size)))
     for p, sec in gemm.items():
         rows.append(dict(backbone=f'{family} {arch}', impl='GEMMs alone (forward + both gradients)', precision=p,

@@ -10,6 +10,7 @@ from conftest import BF16_VS_FP32, FP64_PARITY, randomize_, rel_err
 
 from mmplugin.models.backbones import SwinTransformer, SwinTransformerV2
 from mmplugin.models.layers import recompute
+from mmplugin.models.layers.gemm import train_linear
 from mmplugin.reference.swin import ReferenceSwin
 
 pytestmark = pytest.mark.numeric
@@ -70,15 +71,16 @@ def test_second_derivatives_raise_instead_of_being_wrong():
 
 
 def test_forward_is_the_plain_ops_bit_for_bit():
-    """The same ATen calls in the same order: equal outputs, not merely close ones."""
+    """The same kernels in the same order as the plain training path (whose linears are
+    :func:`mmplugin.models.layers.gemm.train_linear`): equal outputs, not merely close ones."""
     torch.manual_seed(0)
     h, w, bb = torch.randn(3, 50, 64, requires_grad=True), torch.randn(16, 64), torch.randn(16)
-    assert torch.equal(recompute.gelu_linear(h, w, bb), F.linear(F.gelu(h), w, bb))
+    assert torch.equal(recompute.gelu_linear(h, w, bb), train_linear(F.gelu(h), w, bb))
     norm = torch.nn.LayerNorm(64)
     torch.nn.init.normal_(norm.weight)
     torch.nn.init.normal_(norm.bias)
     got = recompute.layer_norm_linear(h, norm, w, bb)
-    assert got.grad_fn.name().endswith('_LayerNormLinearBackward') and torch.equal(got, F.linear(norm(h), w, bb))
+    assert got.grad_fn.name().endswith('_LayerNormLinearBackward') and torch.equal(got, train_linear(norm(h), w, bb))
     b, nw, heads, n, d = 2, 4, 3, 49, 32
     _, (q, k, v) = _attention_inputs(b, nw, heads, n, d, torch.float32, 1)
     pos, mask = torch.randn(1, heads, n, n, requires_grad=True), torch.randn(nw, n, n)

@@ -15,6 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from mmplugin.models.layers.gemm import train_linear
+
 
 def bn_scale_shift(bn: _BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
     """``(s, t)`` with ``bn(x) == x * s + t`` per channel, from the running statistics. Shapes ``(C,)``."""
@@ -223,7 +225,7 @@ def linear(x: torch.Tensor, layer: nn.Linear, weight: torch.Tensor | None = None
     dtype = fused_dtype(x, w)
     if dtype is not None:
         return torch.ops.mkldnn._linear_pointwise(*_operands(dtype, x, w, b), 'none', [], '')
-    return F.linear(x, w, b)
+    return train_linear(x, w, b)
 
 
 def linear_act(x: torch.Tensor, linear: nn.Linear, act: str) -> torch.Tensor:
@@ -236,7 +238,7 @@ def linear_act(x: torch.Tensor, linear: nn.Linear, act: str) -> torch.Tensor:
     if dtype is not None:
         return torch.ops.mkldnn._linear_pointwise(*_operands(dtype, x, linear.weight, linear.bias), 'gelu', [],
                                                   'none')
-    return _act(F.linear(x, linear.weight, linear.bias), act)
+    return _act(train_linear(x, linear.weight, linear.bias), act)
 
 
 def linear_add(x: torch.Tensor, linear: nn.Linear, residual: torch.Tensor) -> torch.Tensor:
@@ -249,4 +251,4 @@ def linear_add(x: torch.Tensor, linear: nn.Linear, residual: torch.Tensor) -> to
         if residual.dtype == dtype:
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, b, 'add')
         return add_residual(torch.ops.mkldnn._linear_pointwise(x, w, b, 'none', [], ''), residual)
-    return add_residual(F.linear(x, linear.weight, linear.bias), residual)
+    return add_residual(train_linear(x, linear.weight, linear.bias), residual)

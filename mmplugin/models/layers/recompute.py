@@ -11,8 +11,9 @@ the tensors kept for the backward go from 1795 MiB (mmdet's Swin keeps the same)
 growth from about 2025 to 1637 MiB (mmdet 2057), for 3% more step time (4441 vs 4307 ms, interleaved in one process);
 docs/benchmarks.md has the command.
 
-The functions compute what the plain ops compute with the same ATen calls, so the forward is bit-identical and the
-backward differs only by floating-point reassociation inside the kernels. They apply in eager autograd on the CPU
+The functions compute what the plain ops compute with the same kernels (their linears those of
+:func:`mmplugin.models.layers.gemm.train_linear`), so the forward is bit-identical and the backward differs only by
+floating-point reassociation inside the kernels. They apply in eager autograd on the CPU
 in float32 / float64 (:func:`recompute_applies`); elsewhere (CUDA, autocast, tracing, export, ``torch.compile``,
 which plans its own recomputation) the callers use the plain ops.
 """
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from mmplugin.models.layers.gemm import input_grad, product
 from mmplugin.models.layers.precision import REDUCED_DTYPES, autocast_dtype
 
 __all__ = ['recompute_applies', 'layer_norm_linear', 'gelu_linear', 'window_softmax', 'window_softmax_attention']
@@ -50,7 +52,7 @@ class _GeluLinear(torch.autograd.Function):
     def forward(ctx, h, weight, bias):
         ctx.save_for_backward(h, weight)
         ctx.has_bias = bias is not None
-        return F.linear(F.gelu(h), weight, bias)
+        return product(F.gelu(h), weight, bias)
 
     @staticmethod
     @once_differentiable
@@ -68,6 +70,8 @@ class _GeluLinear(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             d_b = g2.sum(0)
         if ctx.needs_input_grad[0]:
+            # on BLAS (not oneDNN, :mod:`.gemm`) for the ``out=`` buffer: oneDNN's linear writes a fresh map, for
+            # the same step time (Swin-T fp32 at 512x768: 3429 vs 3420 ms) and one more hidden map at the peak
             reuse = buf is not None and buf.is_contiguous()
             d_h = torch.matmul(grad, weight, out=buf) if reuse else grad.matmul(weight)
             torch.ops.aten.gelu_backward.grad_input(d_h, h, grad_input=d_h)  # elementwise: in place is exact
@@ -91,7 +95,7 @@ class _LayerNormLinear(torch.autograd.Function):
         y, mean, rstd = torch.ops.aten.native_layer_norm(x, [x.shape[-1]], gamma, beta, eps)
         ctx.save_for_backward(x, mean, rstd, gamma, beta, weight)
         ctx.has_bias, ctx.eps = bias is not None, eps
-        return F.linear(y, weight, bias)
+        return product(y, weight, bias)
 
     @staticmethod
     @once_differentiable
@@ -106,7 +110,7 @@ class _LayerNormLinear(torch.autograd.Function):
         if ctx.has_bias and need[5]:
             d_b = g2.sum(0)
         d_x, d_gamma, d_beta = torch.ops.aten.native_layer_norm_backward(
-            grad.matmul(weight), x, [x.shape[-1]], mean, rstd, gamma, beta, [need[0], need[1], need[2]])
+            input_grad(grad, weight), x, [x.shape[-1]], mean, rstd, gamma, beta, [need[0], need[1], need[2]])
         return d_x, d_gamma, d_beta, None, d_w, d_b
 
 

@@ -12,6 +12,7 @@ from mmplugin.models.backbones.swin.attention import WindowAttention, WindowAtte
 from mmplugin.models.backbones.swin.windows import WindowGeometry, must_pad, padded_size
 from mmplugin.models.layers.drop import DropPath
 from mmplugin.models.layers.fusion import linear, linear_act, linear_add
+from mmplugin.models.layers.gemm import train_linear
 from mmplugin.models.layers.recompute import gelu_linear, layer_norm_linear, recompute_applies
 
 __all__ = ['Mlp', 'SwinBlock', 'PatchMerging', 'SwinStage']
@@ -39,7 +40,7 @@ class Mlp(nn.Module):
         if self.drop.p == 0 and recompute_applies(x, self.fc1.weight, self.fc2.weight):
             # training: keeps fc1's output, not also GELU's (nor the normalised input)
             h = (layer_norm_linear(x, norm, self.fc1.weight, self.fc1.bias) if norm is not None
-                 else F.linear(x, self.fc1.weight, self.fc1.bias))
+                 else train_linear(x, self.fc1.weight, self.fc1.bias))
             return gelu_linear(h, self.fc2.weight, self.fc2.bias)
         if norm is not None:
             x = norm(x)

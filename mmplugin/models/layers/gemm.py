@@ -1,0 +1,107 @@
+"""Which kernel serves the linears of an fp32 CPU training step: oneDNN for the forward product and the input
+gradient, torch's BLAS for the weight gradient.
+
+Why: ``F.linear`` and its autograd backward run on torch's BLAS (MKL in the x86 wheels), whose fp32 kernels on AMD
+CPUs run Swin's thin products well below oneDNN's. Timed alone on AMD EPYC family 25 model 17 (Zen 4), 2 threads,
+Swin-T's stage-1 shapes at 512x768, batch 2 (49,152 tokens), BLAS vs oneDNN in ms: forward ``96 -> 96`` 11.1 vs
+6.2, ``384 -> 96`` 25.6 vs 19.0; input gradient ``288 -> 96`` 22.3 vs 15.9, ``96 -> 384`` 28.1 vs 20.1; weight
+gradient ``dY^T X`` over the 49,152 tokens 19.0 vs 66.5. So the weight gradient stays on BLAS, which reads the
+transposed operand in place (oneDNN's linear would need both operands copied into transposed layout).
+:func:`mmplugin.analysis.gemm_floor.gemm_call` times both kernels at every shape of a model.
+
+oneDNN's plain linear (no post-op) keeps NaN and Inf as BLAS does. Applies in eager CPU fp32 autograd without
+autocast (under bf16 autocast ``F.linear`` already runs on oneDNN); float64, CUDA, tracing, export and
+``torch.compile`` use ``F.linear``. A backward with ``create_graph=True`` computes the input gradient with plain
+(differentiable) ops, so higher derivatives stay available.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ['onednn_training_gemms', 'onednn_fp32', 'product', 'input_grad', 'train_linear']
+
+
+def _available() -> bool:
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, '_linear_pointwise')
+    except Exception:  # pragma: no cover - builds without oneDNN
+        return False
+
+
+_AVAILABLE = _available()
+_ENABLED = True
+
+
+@contextmanager
+def onednn_training_gemms(enabled: bool):
+    """Turn the oneDNN training GEMMs on or off inside the block (process-wide; for A/B timing and tests)."""
+    global _ENABLED
+    before, _ENABLED = _ENABLED, enabled
+    try:
+        yield
+    finally:
+        _ENABLED = before
+
+
+def onednn_fp32(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """``x`` against ``weight`` is an fp32 CPU product that oneDNN serves (grad mode aside: also true inside an
+    autograd function's forward / backward)."""
+    return (_AVAILABLE and _ENABLED and x.device.type == 'cpu' and x.dtype == torch.float32
+            and weight.dtype == torch.float32 and not torch.is_autocast_enabled('cpu')
+            and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
+            and not torch.compiler.is_exporting() and not torch.onnx.is_in_onnx_export())
+
+
+def _fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Operands that make a linear (anything else goes to ``F.linear``, whose error names the shapes)."""
+    return (weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1]
+            and (bias is None or (bias.dtype == torch.float32 and bias.shape == weight.shape[:1])))
+
+
+def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)``: ``(..., K)`` by ``(N, K)`` -> ``(..., N)``, on oneDNN where
+    :func:`onednn_fp32`; no autograd of its own (for use inside autograd functions)."""
+    if onednn_fp32(x, weight) and _fits(x, weight, bias):
+        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), weight.contiguous(), bias, 'none', [], '')
+    return F.linear(x, weight, bias)
+
+
+def input_grad(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``grad @ weight``: ``(..., N)`` by ``(N, K)`` -> ``(..., K)``, the input gradient of a linear; on oneDNN
+    (with the small weight transposed into a copy) where :func:`onednn_fp32` and no graph is being recorded."""
+    if onednn_fp32(grad, weight) and not torch.is_grad_enabled():
+        return torch.ops.mkldnn._linear_pointwise(grad.contiguous(), weight.t().contiguous(), None, 'none', [], '')
+    return grad.matmul(weight)
+
+
+class _Linear(torch.autograd.Function):
+    """``F.linear`` with the forward product and the input gradient on oneDNN, the weight gradient on BLAS."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return product(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.shape[-1])  # (M, N)
+        d_x = input_grad(grad, weight) if ctx.needs_input_grad[0] else None
+        d_w = g2.t().mm(x.reshape(-1, x.shape[-1])) if ctx.needs_input_grad[1] else None
+        d_b = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return d_x, d_w, d_b
+
+
+def train_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` on ``(..., K)`` -> ``(..., N)``; in fp32 CPU autograd through oneDNN as the
+    module docstring says, elsewhere ``F.linear`` itself."""
+    if (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad) and onednn_fp32(x, weight)
+            and _fits(x, weight, bias)):
+        # 2-D inside the function: oneDNN returns an N-D result as a view, and a custom function's output must not be
+        # one (a later in-place add, e.g. a residual, would be refused)
+        return _Linear.apply(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight, bias)
