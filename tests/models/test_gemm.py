@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import U_FP32
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from mmplugin.models.layers import gemm
 from mmplugin.models.layers.gemm import onednn_training_gemms, train_linear
@@ -38,22 +39,101 @@ def _within_inner_product_bound(got: torch.Tensor, a: torch.Tensor, bmat: torch.
     assert ((got.double() - want).abs() <= bound).all()
 
 
-def test_forward_and_gradients_match_float64():
+class _Ops(TorchDispatchMode):
+    """Names of the ATen / oneDNN ops that run inside the block."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_forward_and_input_gradient_run_on_onednn_weight_gradient_on_blas():
     x, w, b = _operands()
+    with _Ops() as fwd:
+        y = train_linear(x, w, b)
+    with _Ops() as bwd:
+        y.backward(torch.ones_like(y))
+    assert fwd.names.count('mkldnn::_linear_pointwise') == 1 and 'aten::addmm' not in fwd.names
+    assert bwd.names.count('mkldnn::_linear_pointwise') == 1  # dX = dY W
+    assert bwd.names.count('aten::mm') == 1  # dW = dY^T X
+
+
+CASES = {
+    'bias': dict(),
+    'no bias': dict(bias=False),
+    'strided input': dict(strided=True),
+    'weight gradient only': dict(x_grad=False),
+    'input gradient only': dict(w_grad=False),
+    'one token': dict(shape=(48, ), n=24),
+}
+
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_forward_and_gradients_match_float64(case):
+    opt = CASES[case]
+    x, w, b = _operands(shape=opt.get('shape', (2, 37, 48)))
+    if opt.get('strided'):  # a transposed view: (37, 48) with strides (1, 37)
+        x = torch.randn(48, 37, generator=torch.Generator().manual_seed(3)).t().requires_grad_()
+    b = b if opt.get('bias', True) else None
+    x.requires_grad_(opt.get('x_grad', True))
+    w.requires_grad_(opt.get('w_grad', True))
     y = train_linear(x, w, b)
-    assert _on_onednn(y)
+    assert _on_onednn(y) and y.shape == (*x.shape[:-1], 24)
     g = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
     y.backward(g)
-    x64, w64, b64, g64 = x.detach().double(), w.detach().double(), b.detach().double(), g.double()
-    x2, g2 = x.detach().reshape(-1, 48), g.reshape(-1, 24)
-    ones = torch.ones(x2.shape[0], 1, dtype=x2.dtype)
-    # forward: the bias is one more term of each inner product
-    w_and_b = torch.cat((w.detach().t(), b.detach()[None]), 0)
-    _within_inner_product_bound(y.detach().reshape(-1, 24), torch.cat((x2, ones), 1), w_and_b,
-                                F.linear(x64, w64, b64).reshape(-1, 24))
-    _within_inner_product_bound(x.grad.reshape(-1, 48), g2, w.detach(), (g64 @ w64).reshape(-1, 48))
-    _within_inner_product_bound(w.grad, g2.t(), x2, g64.reshape(-1, 24).t() @ x64.reshape(-1, 48))
-    _within_inner_product_bound(b.grad[None], torch.ones(1, g2.shape[0]), g2, g64.reshape(-1, 24).sum(0)[None])
+    x2, g2, wd = x.detach().reshape(-1, 48), g.reshape(-1, 24), w.detach()
+    x64, w64, g64 = x2.double(), wd.double(), g2.double()
+    want = x64 @ w64.t()
+    if b is None:
+        _within_inner_product_bound(y.detach().reshape(-1, 24), x2, wd.t(), want)
+    else:  # the bias is one more term of each inner product
+        ones = torch.ones(x2.shape[0], 1)
+        _within_inner_product_bound(y.detach().reshape(-1, 24), torch.cat((x2, ones), 1),
+                                    torch.cat((wd.t(), b.detach()[None]), 0), want + b.detach().double())
+        _within_inner_product_bound(b.grad[None], torch.ones(1, g2.shape[0]), g2, g64.sum(0)[None])
+    if x.requires_grad:
+        assert x.grad.shape == x.shape
+        _within_inner_product_bound(x.grad.reshape(-1, 48), g2, wd, g64 @ w64)
+    else:
+        assert x.grad is None
+    if w.requires_grad:
+        _within_inner_product_bound(w.grad, g2.t(), x2, g64.t() @ x64)
+    else:
+        assert w.grad is None
+
+
+@pytest.mark.parametrize('case', ['strided bias', 'expanded bias', 'no input channels', 'no output channels'])
+def test_unusual_operands_are_f_linears(case):
+    """Operands oneDNN's linear would misread (it takes a bias as contiguous memory) or cannot take (empty
+    weights) go to ``F.linear``: its values and gradients exactly."""
+    x, w, b = _operands()
+    if case == 'strided bias':
+        b = torch.randn(48, generator=torch.Generator().manual_seed(2))[::2].requires_grad_()
+    elif case == 'expanded bias':
+        b = torch.randn(1, generator=torch.Generator().manual_seed(2)).expand(24).requires_grad_()
+    elif case == 'no input channels':
+        x, w = torch.randn(2, 5, 0, requires_grad=True), torch.randn(24, 0, requires_grad=True)
+    else:
+        w, b = torch.randn(0, 48, requires_grad=True), None
+    got, want = train_linear(x, w, b), F.linear(x, w, b)
+    assert not _on_onednn(got) and torch.equal(got, want)
+    leaves = [t for t in (x, w, b) if t is not None and t.is_leaf]
+    g = torch.ones_like(got)
+    for a, r in zip(torch.autograd.grad(got, leaves, g), torch.autograd.grad(want, leaves, g)):
+        assert torch.equal(a, r)
+
+
+def test_under_torch_func_transforms_it_is_f_linear():
+    """``torch.func`` transforms need functions with ``setup_context``; under them the plain op runs."""
+    x, w, b = _operands()
+    x, w, b = x.detach(), w.detach(), b.detach()
+    got = torch.func.grad(lambda t: train_linear(t, w, b).pow(2).sum())(x)
+    want = torch.func.grad(lambda t: F.linear(t, w, b).pow(2).sum())(x)
+    assert torch.equal(got, want)
 
 
 def test_switch_restores_f_linear():
@@ -95,15 +175,18 @@ def test_nan_and_inf_land_where_f_linear_puts_them():
 
 
 def test_second_derivatives_equal_f_linears():
-    """A backward with ``create_graph=True`` (gradient penalties) stays differentiable."""
+    """A backward with ``create_graph=True`` (gradient penalties) stays differentiable: the second derivatives
+    with respect to the input, weight and bias equal float64 ``F.linear``'s."""
     x, w, b = _operands()
-    (gx, ) = torch.autograd.grad(train_linear(x, w, b).pow(2).sum(), x, create_graph=True)
-    (want, ) = torch.autograd.grad(F.linear(x, w, b).pow(2).sum(), x, create_graph=True)
-    gx.pow(2).sum().backward()
-    got_w = w.grad.clone()
-    w.grad = None
-    want.pow(2).sum().backward()
-    torch.testing.assert_close(got_w, w.grad, rtol=1e-4, atol=1e-3)
+
+    def second(fn, *leaves):
+        (gx, ) = torch.autograd.grad(fn(*leaves).pow(2).sum(), leaves[0], create_graph=True)
+        return torch.autograd.grad(gx.pow(2).sum(), leaves)
+
+    got = second(train_linear, x, w, b)
+    want = second(F.linear, *(t.detach().double().requires_grad_() for t in (x, w, b)))
+    for a, r in zip(got, want):
+        assert (a.double() - r).abs().max() <= 1e-5 * r.abs().max()
 
 
 def test_output_takes_an_in_place_residual_and_strided_inputs():
@@ -118,7 +201,9 @@ def test_output_takes_an_in_place_residual_and_strided_inputs():
     out.add_(r)
     out.sum().backward()
     assert torch.equal(r.grad, torch.ones_like(r))
-    torch.testing.assert_close(x.grad, w.detach().sum(0)[:, None].expand(48, 37).contiguous(), rtol=1e-5, atol=1e-5)
+    # d/dx of sum(x^T W^T) is W's column sums; d/dW is the token sums of x, read through the saved strided view
+    _within_inner_product_bound(x.grad.t(), torch.ones(37, 24), w.detach(), torch.ones(37, 24).double() @ w.double())
+    _within_inner_product_bound(w.grad, torch.ones(24, 37), xt.detach(), torch.ones(24, 37).double() @ xt.double())
 
 
 def test_mismatched_shapes_get_f_linears_error():

@@ -7,12 +7,15 @@ Swin-T's stage-1 shapes at 512x768, batch 2 (49,152 tokens), BLAS vs oneDNN in m
 6.2, ``384 -> 96`` 25.6 vs 19.0; input gradient ``288 -> 96`` 22.3 vs 15.9, ``96 -> 384`` 28.1 vs 20.1; weight
 gradient ``dY^T X`` over the 49,152 tokens 19.0 vs 66.5. So the weight gradient stays on BLAS, which reads the
 transposed operand in place (oneDNN's linear would need both operands copied into transposed layout).
-:func:`mmplugin.analysis.gemm_floor.gemm_call` times both kernels at every shape of a model.
+:func:`mmplugin.analysis.gemm_floor.gemm_floor` times both kernels at every shape of a model. On the AVX2 Zen 2 /
+Zen 3 parts measured the two kernels run within 10% of each other, so the choice costs nothing there; it is not
+measured on Intel CPUs. Swin's fc2 keeps its input gradient on BLAS (:mod:`.recompute`: an ``out=`` buffer).
 
 oneDNN's plain linear (no post-op) keeps NaN and Inf as BLAS does. Applies in eager CPU fp32 autograd without
-autocast (under bf16 autocast ``F.linear`` already runs on oneDNN); float64, CUDA, tracing, export and
-``torch.compile`` use ``F.linear``. A backward with ``create_graph=True`` computes the input gradient with plain
-(differentiable) ops, so higher derivatives stay available.
+autocast (under bf16 autocast ``F.linear`` already runs on oneDNN) to well-formed operands; float64, CUDA,
+tracing, export, ``torch.compile``, ``torch.func`` transforms and anything unusual (empty weights, a strided or
+misplaced bias) use ``F.linear``, with its errors. A backward with ``create_graph=True`` computes the input
+gradient with plain (differentiable) ops, so higher derivatives stay available.
 """
 from __future__ import annotations
 
@@ -49,16 +52,18 @@ def onednn_training_gemms(enabled: bool):
 def onednn_fp32(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """``x`` against ``weight`` is an fp32 CPU product that oneDNN serves (grad mode aside: also true inside an
     autograd function's forward / backward)."""
-    return (_AVAILABLE and _ENABLED and x.device.type == 'cpu' and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and not torch.is_autocast_enabled('cpu')
+    return (_AVAILABLE and _ENABLED and x.device.type == 'cpu' and weight.device.type == 'cpu'
+            and x.dtype == torch.float32 and weight.dtype == torch.float32 and not torch.is_autocast_enabled('cpu')
+            and not torch._C._are_functorch_transforms_active()
             and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
             and not torch.compiler.is_exporting() and not torch.onnx.is_in_onnx_export())
 
 
 def _fits(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Operands that make a linear (anything else goes to ``F.linear``, whose error names the shapes)."""
-    return (weight.dim() == 2 and x.dim() >= 1 and x.shape[-1] == weight.shape[1]
-            and (bias is None or (bias.dtype == torch.float32 and bias.shape == weight.shape[:1])))
+    return (weight.dim() == 2 and weight.numel() > 0 and x.dim() >= 1 and x.shape[-1] == weight.shape[1]
+            and (bias is None or (bias.dtype == torch.float32 and bias.shape == weight.shape[:1]
+                                  and bias.device.type == 'cpu' and bias.is_contiguous())))
 
 
 def product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
