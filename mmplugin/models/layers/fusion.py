@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from mmplugin.models.layers.gemm import train_linear
+from mmplugin.models.layers.gemm import onednn_ops_available, train_linear
 
 
 def bn_scale_shift(bn: _BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,14 +100,7 @@ def scale_output_(layer: nn.Conv2d | nn.Linear, scale: torch.Tensor) -> None:
         layer.bias.mul_(s)
 
 
-def _onednn_ops_available() -> bool:
-    try:
-        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, '_convolution_pointwise')
-    except Exception:  # pragma: no cover - builds without oneDNN
-        return False
-
-
-_ONEDNN = _onednn_ops_available()
+_ONEDNN = onednn_ops_available('_convolution_pointwise')
 _FUSION_OFF = 0  # > 0 inside ``onednn_fusion_disabled()``
 
 

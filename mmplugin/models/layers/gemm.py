@@ -24,17 +24,18 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-__all__ = ['onednn_training_gemms', 'onednn_fp32', 'product', 'input_grad', 'train_linear']
+__all__ = ['onednn_ops_available', 'onednn_training_gemms', 'onednn_fp32', 'product', 'input_grad', 'train_linear']
 
 
-def _available() -> bool:
+def onednn_ops_available(*names: str) -> bool:
+    """This torch build has oneDNN and its ops ``torch.ops.mkldnn.<name>`` for every name."""
     try:
-        return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, '_linear_pointwise')
+        return torch.backends.mkldnn.is_available() and all(hasattr(torch.ops.mkldnn, n) for n in names)
     except Exception:  # pragma: no cover - builds without oneDNN
         return False
 
 
-_AVAILABLE = _available()
+_AVAILABLE = onednn_ops_available('_linear_pointwise')
 _ENABLED = True
 
 
