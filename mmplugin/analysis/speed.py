@@ -6,6 +6,7 @@ the 4096x4096 matmul that gives the peak included, so machine noise hits all of 
 """
 from __future__ import annotations
 
+import copy
 import os.path as osp
 import time
 
@@ -166,10 +167,11 @@ def _openvino_call(ov, onnx_path: str, x: torch.Tensor, hint: str, outs: dict):
 
 
 BLAS_ROW = 'mmplugin, linears on BLAS'
+COMPILED_ROW = 'mmplugin compiled'
 
 
 def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16: bool = False,
-                  memory: bool = True) -> list[dict]:
+                  memory: bool = True, compiled: bool = False) -> list[dict]:
     """Backbone training steps (batch 2, forward + backward + AdamW step, train mode) of the plugin and its peers
     with the same weights (:func:`mmplugin.analysis.peers.benchmark_models`; networks that are not the same
     function are left out), interleaved, each precision in rounds of its own; and each one's peak memory of a step
@@ -179,6 +181,11 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
     Where oneDNN serves the plugin's fp32 training linears (:mod:`mmplugin.models.layers.gemm`), the same fp32 step
     with them on torch's BLAS (``F.linear``) runs in the same rounds too (row :data:`BLAS_ROW`): what the kernel
     choice is worth on this CPU.
+
+    With ``compiled``, the plugin's step with the model under ``torch.compile`` (inductor, forward and backward
+    graphs; a copy of the model with its own optimizer, compiled by one untimed step per precision before the
+    rounds) runs in the same rounds too (row :data:`COMPILED_ROW`): whether compiling pays off for training on this
+    CPU.
 
     In the same rounds, per precision, the plugin's GEMM-only step: every product a step of its linears and 1x1
     convolutions needs (forward, input gradient, weight gradient: :func:`~mmplugin.analysis.gemm_floor.training_shapes`)
@@ -209,18 +216,31 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
     shapes = training_shapes(linear_shapes(models['mmplugin'], x))
     precisions = {'fp32': torch.float32, **({'bf16 autocast': torch.bfloat16} if bf16 else {})}
     fns = {(p, *key): fn for p, d in precisions.items() for key, fn in gemm_calls(shapes, d, bias=False).items()}
-    for name, m in same.items():
-        if name.endswith('deploy'):
-            continue  # a deployed model has no BatchNorm to train
-        m.train()
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    steppers = {name: m for name, m in same.items() if not name.endswith('deploy')}  # a deployed model: no BN
+    if compiled and 'mmplugin' in same:
+        steppers[COMPILED_ROW] = None  # one compiled copy per precision, below
+    for name, m in steppers.items():
+        if name != COMPILED_ROW:
+            m.train()  # mmdet's Swin.train() returns None: no chaining
+            opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
         for dtype in (None, torch.bfloat16)[:2 if bf16 else 1]:
+            if name == COMPILED_ROW:  # a copy per precision: autocast would recompile one copy's graphs each step
+                m = copy.deepcopy(same['mmplugin'])
+                m.train()
+                m = torch.compile(m, backend='inductor')
+                opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+
             def step(m=m, opt=opt, dtype=dtype):
                 opt.zero_grad(set_to_none=True)
                 with torch.autocast('cpu', dtype=dtype or torch.bfloat16, enabled=dtype is not None):
                     outs = m(x)
                 sum(o.float().mean() for o in outs).backward()
                 opt.step()
+            if name == COMPILED_ROW:
+                t = time.perf_counter()
+                step()
+                print(f'  training step compiled ({dtype or torch.float32}) in {time.perf_counter() - t:.0f} s',
+                      flush=True)
             fns[(name, 'bf16 autocast' if dtype else 'fp32')] = step
     if gemm_module._AVAILABLE and 'mmplugin' in same:
         def blas_step(step=fns[('mmplugin', 'fp32')]):
@@ -240,7 +260,7 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
         first.setdefault(precision, sec)
         rows.append(dict(backbone=f'{family} {arch}', impl=name, precision=precision, seconds=sec,
                          ratio=first[precision] / sec,
-                         gemm_ratio=sec / gemm[precision] if name in ('mmplugin', BLAS_ROW) else None,
+                         gemm_ratio=sec / gemm[precision] if name in ('mmplugin', BLAS_ROW, COMPILED_ROW) else None,
                          peak_mib=None, mem_ratio=None, size=list(size)))
     for p, sec in gemm.items():
         rows.append(dict(backbone=f'{family} {arch}', impl='GEMMs alone (forward + both gradients)', precision=p,

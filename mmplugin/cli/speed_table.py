@@ -13,8 +13,11 @@ in the same rounds: the plugin's GEMM-only time (every linear and 1x1 convolutio
 on the faster of MKL and oneDNN: row "GEMMs alone"; column "x its GEMMs" = a row's time over it) and a 4096x4096
 product on the faster kernel (the "matmul peak"). Each row gives GFLOP/s (2 x the multiply-adds counted by
 ``tools/get_flops.py``), its share of that peak, the speed ratio to the first peer, and the accuracy cost (max
-relative error of the outputs against the plugin's eager fp32 outputs). Training-step speed and peak memory:
-``tools/benchmark.py --train --memory``.
+relative error of the outputs against the plugin's eager fp32 outputs).
+
+``--train [HxW]`` adds backbone training steps (batch 2, AdamW; fp32 and bf16 autocast) of the peers and the
+plugin beside the plugin's GEMM-only step, with peak memory in fresh processes; with ``--runtimes ... compiled``
+also the plugin's step under ``torch.compile`` (forward and backward graphs), in the same rounds.
 
 ``--whole CONFIG`` also times a whole detector / segmentor's inference (random weights, every proposal kept) and
 the share of it spent in ``extract_feat`` (backbone + neck), which bounds what a reduced-precision backbone
@@ -84,7 +87,8 @@ def main(argv=None):
                    help='FAMILY:ARCH (none: no backbone rows, e.g. with --train-detector alone)')
     p.add_argument('--runtimes', nargs='*', default=['eager', 'onnxruntime', 'openvino'],
                    choices=['eager', 'compiled', 'onnxruntime', 'openvino'],
-                   help='compiled: torch.compile (inductor, frozen weights, static shape; minutes to compile)')
+                   help='compiled: torch.compile (inductor, frozen weights, static shape; minutes to compile); with '
+                        "--train also the plugin's training step compiled (forward and backward graphs)")
     p.add_argument('--bf16', choices=['auto', 'on', 'off'], default='auto',
                    help='bf16 autocast rows: auto = only where the CPU has bf16 kernels')
     p.add_argument('--whole', nargs='*', default=[],
@@ -133,7 +137,7 @@ def main(argv=None):
         for spec in args.models:
             family, arch = spec.split(':')
             print(f'\ntiming {family} {arch} training steps at batch 2, {tsize[0]}x{tsize[1]} ...', flush=True)
-            train += training_rows(family, arch, tsize, args.rounds, bf16)
+            train += training_rows(family, arch, tsize, args.rounds, bf16, compiled='compiled' in args.runtimes)
         print(f'\n| backbone training step (batch 2, {tsize[0]}x{tsize[1]}, AdamW) | implementation | precision | '
               'ms | speed vs first row | x its GEMMs | peak MiB | memory vs first |')
         print('|---|---|---|---|---|---|---|---|')

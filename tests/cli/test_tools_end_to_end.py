@@ -123,6 +123,38 @@ def test_speed_table_training_rows(capsys):
     assert 'backbone training step (batch 2, 64x96, AdamW)' in capsys.readouterr().out
 
 
+def test_training_rows_compiled_step(monkeypatch, capsys):
+    """``compiled``: the plugin's step under ``torch.compile`` joins the same rounds, one inductor-compiled copy per
+    precision (the eager model itself is never compiled), with its time over the plugin's GEMM-only step. The
+    compiler is replaced by a recorder here (compiling a Swin-T training graph takes minutes); the benchmark runs
+    the real one."""
+    import torch
+
+    from mmplugin.analysis import peers, speed
+    compiled, built = [], {}
+
+    def record(model, backend=None, **kwargs):
+        compiled.append((model, backend))
+        return model
+
+    def models(*args, plain=peers.benchmark_models):
+        built.update(plain(*args))
+        return built
+    monkeypatch.setattr(torch, 'compile', record)
+    monkeypatch.setattr(peers, 'benchmark_models', models)
+    rows = speed.training_rows('swin', 'tiny', (32, 32), rounds=1, bf16=True, memory=False, compiled=True)
+    by = {(r['impl'], r['precision']): r for r in rows}
+    for precision in ('fp32', 'bf16 autocast'):
+        row = by[(speed.COMPILED_ROW, precision)]
+        gemm = by[('GEMMs alone (forward + both gradients)', precision)]['seconds']
+        assert row['seconds'] > 0 and row['gemm_ratio'] == pytest.approx(row['seconds'] / gemm)
+        assert row['ratio'] == pytest.approx(by[('mmdet-swin', precision)]['seconds'] / row['seconds'])
+    assert [b for _, b in compiled] == ['inductor', 'inductor']
+    assert compiled[0][0] is not compiled[1][0] and built['mmplugin'] not in {m for m, _ in compiled}  # copies
+    assert all(m.training for m, _ in compiled)
+    assert capsys.readouterr().out.count('training step compiled') == 2
+
+
 @pytest.mark.heavy
 def test_speed_table_detector_training_rows(capsys):
     """--train-detector: a whole Swin-T Mask R-CNN step with the plugin's backbone and with mmdet's
