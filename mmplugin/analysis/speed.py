@@ -216,32 +216,33 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
     shapes = training_shapes(linear_shapes(models['mmplugin'], x))
     precisions = {'fp32': torch.float32, **({'bf16 autocast': torch.bfloat16} if bf16 else {})}
     fns = {(p, *key): fn for p, d in precisions.items() for key, fn in gemm_calls(shapes, d, bias=False).items()}
-    steppers = {name: m for name, m in same.items() if not name.endswith('deploy')}  # a deployed model: no BN
-    if compiled and 'mmplugin' in same:
-        steppers[COMPILED_ROW] = None  # one compiled copy per precision, below
-    for name, m in steppers.items():
-        if name != COMPILED_ROW:
-            m.train()  # mmdet's Swin.train() returns None: no chaining
-            opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-        for dtype in (None, torch.bfloat16)[:2 if bf16 else 1]:
-            if name == COMPILED_ROW:  # a copy per precision: autocast would recompile one copy's graphs each step
-                m = copy.deepcopy(same['mmplugin'])
-                m.train()
-                m = torch.compile(m, backend='inductor')
-                opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+    dtypes = (None, torch.bfloat16)[:2 if bf16 else 1]
 
-            def step(m=m, opt=opt, dtype=dtype):
-                opt.zero_grad(set_to_none=True)
-                with torch.autocast('cpu', dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-                    outs = m(x)
-                sum(o.float().mean() for o in outs).backward()
-                opt.step()
-            if name == COMPILED_ROW:
-                t = time.perf_counter()
-                step()
-                print(f'  training step compiled ({dtype or torch.float32}) in {time.perf_counter() - t:.0f} s',
-                      flush=True)
-            fns[(name, 'bf16 autocast' if dtype else 'fp32')] = step
+    def make_step(m, opt, dtype):
+        def step():
+            opt.zero_grad(set_to_none=True)
+            with torch.autocast('cpu', dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+                outs = m(x)
+            sum(o.float().mean() for o in outs).backward()
+            opt.step()
+        return step
+    for name, m in same.items():
+        if name.endswith('deploy'):
+            continue  # a deployed model has no BatchNorm to train
+        m.train()
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
+        for dtype in dtypes:
+            fns[(name, 'bf16 autocast' if dtype else 'fp32')] = make_step(m, opt, dtype)
+    if compiled and 'mmplugin' in same:
+        for dtype in dtypes:  # a copy per precision: autocast would recompile one copy's graphs each step
+            m = copy.deepcopy(same['mmplugin'])
+            m.train()
+            m = torch.compile(m, backend='inductor')
+            step = make_step(m, torch.optim.AdamW(m.parameters(), lr=1e-4), dtype)
+            t = time.perf_counter()
+            step()
+            print(f'  training step compiled ({dtype or torch.float32}) in {time.perf_counter() - t:.0f} s', flush=True)
+            fns[(COMPILED_ROW, 'bf16 autocast' if dtype else 'fp32')] = step
     if gemm_module._AVAILABLE and 'mmplugin' in same:
         def blas_step(step=fns[('mmplugin', 'fp32')]):
             with gemm_module.onednn_training_gemms(False):
