@@ -20,7 +20,11 @@ model = dict(
         drop_path_rate=0.0,
         norm_cfg=dict(type='BN'),  # dict(type='SyncBN') for multi-GPU runs with small per-GPU batches
         init_cfg=dict(type='Pretrained', checkpoint='weights/SwiftFormer_L1.pth')),
-    neck=dict(in_channels=[48, 96, 192, 384], out_channels=256, num_outs=5))
+    neck=dict(in_channels=[48, 96, 192, 384], out_channels=256, num_outs=5),
+    # RoI features through mmplugin.RoIAlign: mmcv's RoIAlign function, multi-threaded CPU kernel (docs/benchmarks.md)
+    roi_head=dict(
+        bbox_roi_extractor=dict(type='mmplugin.SingleRoIExtractor', roi_layer=dict(type='mmplugin.RoIAlign')),
+        mask_roi_extractor=dict(type='mmplugin.SingleRoIExtractor', roi_layer=dict(type='mmplugin.RoIAlign'))))
 
 # paper: total batch 32 (8 GPUs x 4). The EfficientFormer code trained with 8 x 2 = 16 at the same lr.
 train_dataloader = dict(batch_size=4, num_workers=4)

@@ -46,7 +46,12 @@ model = dict(
         window_size=7,
         drop_path_rate=0.2,
         out_indices=(0, 1, 2, 3)),
-    roi_head=dict(bbox_head=[
+    # RoI features through mmplugin.RoIAlign: mmcv's RoIAlign function, multi-threaded CPU kernel (docs/benchmarks.md)
+    roi_head=dict(
+        bbox_roi_extractor=dict(type='mmplugin.SingleRoIExtractor', roi_layer=dict(type='mmplugin.RoIAlign')),
+        mask_roi_extractor=dict(type='mmplugin.SingleRoIExtractor', roi_layer=dict(type='mmplugin.RoIAlign')),
+        semantic_roi_extractor=dict(type='mmplugin.SingleRoIExtractor', roi_layer=dict(type='mmplugin.RoIAlign')),
+        bbox_head=[
         _box_head([0.1, 0.1, 0.2, 0.2]),
         _box_head([0.05, 0.05, 0.1, 0.1]),
         _box_head([0.033, 0.033, 0.067, 0.067]),

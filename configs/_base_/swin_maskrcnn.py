@@ -14,4 +14,8 @@ model = dict(
         out_indices=(0, 1, 2, 3),
         with_cp=False,
         init_cfg=dict(type='Pretrained', checkpoint='weights/swin_tiny_patch4_window7_224.pth')),
-    neck=dict(in_channels=[96, 192, 384, 768]))
+    neck=dict(in_channels=[96, 192, 384, 768]),
+    # RoI features through mmplugin.RoIAlign: mmcv's RoIAlign function, multi-threaded CPU kernel (docs/benchmarks.md)
+    roi_head=dict(
+        bbox_roi_extractor=dict(type='mmplugin.SingleRoIExtractor', roi_layer=dict(type='mmplugin.RoIAlign')),
+        mask_roi_extractor=dict(type='mmplugin.SingleRoIExtractor', roi_layer=dict(type='mmplugin.RoIAlign'))))

@@ -1,6 +1,8 @@
-"""A whole detector's training step with the plugin's Swin against the same detector with mmdet's
-``SwinTransformer``: the same config, the same weights everywhere (the backbone's converted, neck and heads copied),
-the same synthetic batch and the same anchor / RoI sampling, so the two differ only in the backbone's code.
+"""A whole detector's training step as the plugin's config builds it against the same detector as mmdet's own config
+builds it (mmdet's ``SwinTransformer``, mmcv's ``RoIAlign``): the same weights everywhere (the backbone's converted,
+neck and heads copied), the same synthetic batch and the same anchor / RoI sampling, so the two differ only in the
+backbone's code and, where the config names :class:`mmplugin.ops.RoIAlign`, in the RoI layer's kernel. A third
+timing, the plugin's backbone with mmcv's ``RoIAlign`` (:data:`BACKBONE_ONLY`), separates the two.
 
 Why: the backbone is only part of a Mask R-CNN step (the FPN, RPN, RoI heads and the mask head run the same code in
 both), so the whole step's ratio is what a user training a detector sees. Timed interleaved in one process
@@ -17,10 +19,11 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ['NAMES', 'detector_pair', 'synthetic_batch', 'training_step', 'detector_training_rows', 'measure_step_peak',
-           'step_peak_memory']
+__all__ = ['NAMES', 'BACKBONE_ONLY', 'detector_pair', 'synthetic_batch', 'training_step', 'detector_training_rows',
+           'measure_step_peak', 'step_peak_memory']
 
 NAMES = ('mmdet-swin', 'mmplugin', 'mmplugin with_cp')
+BACKBONE_ONLY = 'mmplugin backbone, mmcv RoIAlign'
 
 
 _SAME_AS_MMDET = dict(frozen_stages=-1, norm_eval=False, qk_scale=None)  # settings mmdet's peer is built with
@@ -28,7 +31,8 @@ _SAME_AS_MMDET = dict(frozen_stages=-1, norm_eval=False, qk_scale=None)  # setti
 
 def detector_pair(config: str, with_cp: bool = False, only: str | None = None) -> dict[str, nn.Module]:
     """``{'mmdet-swin': detector, 'mmplugin': detector}`` built from ``config`` (a plugin Swin V1 detector config)
-    with random weights, in train mode; ``only`` (one of those names) builds just that one. Drop path and dropout
+    with random weights, in train mode; ``only`` (one of those names) builds just that one. mmdet's gets mmdet's
+    ``SwinTransformer`` and mmcv's ``RoIAlign`` in place of any :class:`mmplugin.ops.RoIAlign`. Drop path and dropout
     are 0 in both (random masks would make the two steps different functions); ``with_cp`` sets the plugin
     backbone's activation checkpointing.
 
@@ -38,6 +42,7 @@ def detector_pair(config: str, with_cp: bool = False, only: str | None = None) -
     """
     from mmplugin.analysis.peers import swin_peers
     from mmplugin.apis import build_model, load_config
+    from mmplugin.models.roi_extractors import use_mmcv_roi_align
     from mmplugin.utils.errors import ConfigValueError
     cfg = load_config(config)
     backbone = cfg.model.backbone
@@ -55,6 +60,7 @@ def detector_pair(config: str, with_cp: bool = False, only: str | None = None) -
         return {'mmplugin': ours.train()}
     theirs = ours if only == 'mmdet-swin' else copy.deepcopy(ours)
     theirs.backbone = swin_peers('', ours.backbone)['mmdet-swin']
+    use_mmcv_roi_align(theirs)
     return {'mmdet-swin': theirs.train()} if only else {'mmdet-swin': theirs.train(), 'mmplugin': ours.train()}
 
 
@@ -105,25 +111,31 @@ def detector_training_rows(config: str, size=(512, 768), rounds: int = 3, batch:
                            memory: bool = True) -> list[dict]:
     """Interleaved training steps (AdamW, fp32) of :func:`detector_pair`, and, with ``memory``, the peak RSS growth
     of one step of mmdet's, the plugin's and the plugin's with activation checkpointing, each in a fresh process.
+    Where the config uses :class:`mmplugin.ops.RoIAlign`, the plugin's detector with mmcv's ``RoIAlign``
+    (:data:`BACKBONE_ONLY`) is timed in the same rounds: what the backbone alone gains.
 
     Returns one dict per implementation: ``seconds`` (median step), ``ratio`` (speed over mmdet's), ``losses`` (the
     first step's, which equal mmdet's up to fp32 rounding where the sampling agrees), ``peak_mib``, ``mem_ratio``
     (over mmdet's; None without ``memory``).
     """
+    from mmplugin.models.roi_extractors import use_mmcv_roi_align
     from mmplugin.utils.timing import interleaved
     models = detector_pair(config)
+    backbone_only = copy.deepcopy(models['mmplugin'])
+    if use_mmcv_roi_align(backbone_only):
+        models[BACKBONE_ONLY] = backbone_only
     inputs, samples = synthetic_batch(size, batch, _num_classes(models['mmplugin']))
     fns, first = {}, {}
     for name, m in models.items():
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4)
-        first[name] = training_step(m, opt, inputs, samples)  # the same step from the same weights in both
+        first[name] = training_step(m, opt, inputs, samples)  # the same step from the same weights in all
         fns[name] = lambda m=m, opt=opt: training_step(m, opt, inputs, samples)
     times = interleaved(fns, rounds)
-    del models, fns  # two detectors and their optimizer states are not held while the children run
+    del models, fns, backbone_only  # the detectors and their optimizer states are not held while the children run
     peaks = {name: step_peak_memory(config, name, size, batch) for name in NAMES} if memory else {}
     base = times['mmdet-swin']
     rows = []
-    for name in NAMES:
+    for name in (NAMES[0], BACKBONE_ONLY, *NAMES[1:]):
         if name not in times and name not in peaks:
             continue
         sec = times.get(name)

@@ -68,8 +68,8 @@ def _cell(value, fmt: str, scale: float = 1.0) -> str:
 
 
 def _print_detector_rows(rows: list[dict]) -> None:
-    print('\n| detector training step (AdamW, fp32) | backbone | ms | speed vs mmdet | peak MiB | memory vs mmdet | '
-          'first-step loss |')
+    print('\n| detector training step (AdamW, fp32) | implementation | ms | speed vs mmdet | peak MiB | '
+          'memory vs mmdet | first-step loss |')
     print('|---|---|---|---|---|---|---|')
     for r in rows:
         loss = _cell(r['losses'] and r['losses']['loss'], '{:.6f}')

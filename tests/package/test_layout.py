@@ -97,7 +97,8 @@ MAY_IMPORT = {
     'mmplugin.utils': (),
     'mmplugin.checkpoint': ('mmplugin.utils',),
     'mmplugin.reference': (),
-    'mmplugin.models': ('mmplugin.utils', 'mmplugin.checkpoint', 'mmplugin.registry'),
+    'mmplugin.ops': ('mmplugin.utils',),  # kernels: no model, no registry
+    'mmplugin.models': ('mmplugin.utils', 'mmplugin.checkpoint', 'mmplugin.registry', 'mmplugin.ops'),
     'mmplugin.loading': ('mmplugin.utils', 'mmplugin.checkpoint', 'mmplugin.models'),
     'mmplugin.engine': ('mmplugin.utils', 'mmplugin.checkpoint', 'mmplugin.models', 'mmplugin.registry'),
     'mmplugin.inference': ('mmplugin.utils', 'mmplugin.models', 'mmplugin.export'),  # --runtime: ONNX of extract_feat

@@ -152,6 +152,10 @@ def test_sdist_and_wheel_ship_every_config(built):
         configs_dir = ROOT / 'configs'
         metafiles = sorted(p.relative_to(configs_dir).as_posix() for p in configs_dir.glob('*/metafile.yml'))
         assert metafiles and all(f'mmplugin/.mim/configs/{m}' in names for m in metafiles)
+        # the C kernel sources, built on first use (mmplugin/ops/build.py)
+        kernels = sorted(p.name for p in (ROOT / 'mmplugin/ops').glob('*.[ch]'))
+        assert kernels and all(z.read(f'mmplugin/ops/{k}') == (ROOT / 'mmplugin/ops' / k).read_bytes()
+                               for k in kernels)
     assert shipped == configs
     assert not any(n.startswith(('tests/', 'configs/')) for n in names)
     with tarfile.open(sdist) as t:
