@@ -123,8 +123,8 @@ static int NAME(roi_prepare)(NAME(Roi) * r, size_t *cap, const T *roi, T scale, 
 
 static void NAME(roi_free)(NAME(Roi) * r) { free(r->y.lo); }
 
-/* out[n, c, ph, pw] for n in [0, n_rois), c in [c_begin, c_end). Returns 0 on success, 1 on allocation failure, 2 for a refused
- * RoI (aligned, negative or NaN size). */
+/* out[n, c, ph, pw] for n in [0, n_rois), c in [c_begin, c_end). Returns 0 on success, 1 on allocation failure,
+ * 2 for a refused RoI (aligned, negative or NaN size). */
 int NAME(mmplugin_roi_align_forward)(const T *input, const T *rois, T *out, int64_t n_rois, int64_t channels,
                                      int64_t height, int64_t width, int ph_n, int pw_n, float spatial_scale,
                                      int sampling_ratio, int aligned, int64_t c_begin, int64_t c_end) {
@@ -185,8 +185,9 @@ int NAME(mmplugin_roi_align_forward)(const T *input, const T *rois, T *out, int6
     return 0;
 }
 
-/* grad_input[b, c] += the transpose of the forward, for c in [c_begin, c_end); grad_input must hold zeros or a sum
- * to add to. grad_out is contiguous (n_rois, channels, ph_n, pw_n). Returns 0 on success, 1 on allocation failure, 2 for a refused RoI. */
+/* grad_input[b, c] += the transpose of the forward, for c in [c_begin, c_end); grad_input must hold zeros or a
+ * sum to add to. grad_out is contiguous (n_rois, channels, ph_n, pw_n). Returns 0 on success, 1 on allocation
+ * failure, 2 for a refused RoI. */
 int NAME(mmplugin_roi_align_backward)(const T *grad_out, const T *rois, T *grad_input, int64_t n_rois,
                                       int64_t channels, int64_t height, int64_t width, int ph_n, int pw_n,
                                       float spatial_scale, int sampling_ratio, int aligned, int64_t c_begin,
