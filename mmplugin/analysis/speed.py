@@ -237,7 +237,9 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
         for dtype in dtypes:  # a copy per precision: autocast would recompile one copy's graphs each step
             m = copy.deepcopy(same['mmplugin'])
             m.train()
-            m = torch.compile(m, backend='inductor')
+            # static shapes: the same forward compiled before at another size (the inference rows) would otherwise
+            # come back with symbolic sizes, which inductor's training graphs of SwiftFormer fail on (torch 2.13)
+            m = torch.compile(m, backend='inductor', dynamic=False)
             step = make_step(m, torch.optim.AdamW(m.parameters(), lr=1e-4), dtype)
             t = time.perf_counter()
             step()

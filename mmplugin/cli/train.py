@@ -1,7 +1,8 @@
 """Train an mmdet or mmseg model from a config, with the plugin's backbones registered.
 
     python tools/train.py configs/swiftformer/swiftformer_l1_maskrcnn_1x_coco.py [--work-dir DIR] [--resume [PATH]]
-        [--amp] [--amp-dtype float16|bfloat16] [--cfg-options key=value ...] [--launcher none|pytorch|slurm]
+        [--amp] [--amp-dtype float16|bfloat16] [--compile-backbone] [--cfg-options key=value ...]
+        [--launcher none|pytorch|slurm]
 
 Multi-GPU / multi-node: tools/dist_train.sh (torchrun, c10d rendezvous) or tools/slurm_train.sh; mmengine's
 distributed runner does the work (``runner_type='FlexibleRunner'`` in a config for FSDP); docs/distributed.md.
@@ -28,6 +29,10 @@ def parse_args(argv=None):
                    help='mixed precision: fp16 autocast with loss scaling on CUDA, bf16 autocast on the CPU')
     p.add_argument('--amp-dtype', choices=['float16', 'bfloat16'], default=None,
                    help='the autocast dtype of --amp (implies --amp); float16 runs with dynamic loss scaling')
+    p.add_argument('--compile-backbone', action='store_true',
+                   help='compile the backbone with torch.compile (inductor, one graph per input size, built on its '
+                   'first iteration): for fixed-size training; pays for SwiftFormer, not for Swin on CPUs '
+                   '(mmplugin/engine/compiled.py)')
     p.add_argument('--cfg-options', nargs='+', action=CfgOptionsAction, help='override config values, key=value')
     p.add_argument('--launcher', choices=['none', 'pytorch', 'slurm'], default='none')
     p.add_argument('--local_rank', '--local-rank', type=int, default=0)
@@ -58,6 +63,11 @@ def main(argv=None) -> int:
         print(f'error: --resume: {err}', file=sys.stderr)
         return 2
     runner = build_runner(cfg)
+    if args.compile_backbone:
+        from mmplugin.engine.compiled import compile_backbone
+        backbone = compile_backbone(runner.model)
+        print(f'{type(backbone).__name__} compiled (inductor): the first iteration of each input size builds its '
+              'graph', flush=True)
     import torch
     if not torch.cuda.is_available():
         from mmplugin.analysis.load import TRAINING, load_warning
