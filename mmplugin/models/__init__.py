@@ -2,8 +2,8 @@
 in :data:`mmplugin.registry.MODELS`."""
 from mmplugin.models.backbones import EfficientFormer, PoolFormer, SwiftFormer, SwinTransformer, SwinTransformerV2
 from mmplugin.models.necks import GlobalAttentionNeck
-from mmplugin.models.roi_extractors import RoIAlign, single_roi_extractor
+from mmplugin.models.roi_extractors import roi_align_layer, single_roi_extractor
 from mmplugin.models.tta import MaskDetTTAModel
 
 __all__ = ['EfficientFormer', 'PoolFormer', 'SwiftFormer', 'SwinTransformer', 'SwinTransformerV2',
-           'GlobalAttentionNeck', 'MaskDetTTAModel', 'RoIAlign', 'single_roi_extractor']
+           'GlobalAttentionNeck', 'MaskDetTTAModel', 'roi_align_layer', 'single_roi_extractor']

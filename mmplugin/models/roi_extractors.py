@@ -10,12 +10,17 @@ Every other ``roi_layer.type`` (``'RoIAlign'``, ``'RoIPool'`` ... of ``mmcv.ops`
 """
 from __future__ import annotations
 
-from mmplugin.ops.roi_align import RoIAlign
+from mmplugin.ops.roi_align import layer_class
 from mmplugin.registry import MODELS
 
-__all__ = ['RoIAlign', 'single_roi_extractor', 'use_mmcv_roi_align']
+__all__ = ['roi_align_layer', 'single_roi_extractor', 'use_mmcv_roi_align']
 
-MODELS.register_module(name='RoIAlign', module=RoIAlign)
+
+@MODELS.register_module(name='RoIAlign')
+def roi_align_layer(*args, **kwargs):
+    """``mmplugin.RoIAlign``: :class:`mmplugin.ops.RoIAlign` (a subclass of ``mmcv.ops.RoIAlign``, created on first
+    use so that importing the plugin does not load mmcv's compiled ops) with mmcv's arguments."""
+    return layer_class()(*args, **kwargs)
 
 
 @MODELS.register_module(name='SingleRoIExtractor')
@@ -30,10 +35,10 @@ def single_roi_extractor(roi_layer: dict, **kwargs):
     layer = dict(roi_layer)
     kind = layer.get('type')
     if isinstance(kind, str) and kind.startswith('mmplugin.'):
-        cls = MODELS.get(kind)
-        if cls is None or not isinstance(cls, type):
+        build = MODELS.get(kind)
+        if build is not roi_align_layer:
             raise KeyError(f'roi_layer type {kind!r} is not an operator of mmplugin (known: mmplugin.RoIAlign)')
-        layer['type'] = cls
+        layer['type'] = build
     return SingleRoIExtractor(roi_layer=layer, **kwargs)
 
 
@@ -42,10 +47,10 @@ def use_mmcv_roi_align(model) -> int:
     place; the layers hold no parameters), e.g. to time a detector as mmdet's own config builds it. Returns how many
     were replaced."""
     from mmcv.ops import RoIAlign as MmcvRoIAlign
-    replaced = 0
+    ours, replaced = layer_class(), 0
     for parent in model.modules():
         for name, child in parent.named_children():
-            if isinstance(child, RoIAlign):
+            if type(child) is ours:
                 setattr(parent, name, MmcvRoIAlign(child.output_size, child.spatial_scale, child.sampling_ratio,
                                                    child.pool_mode, child.aligned, child.use_torchvision))
                 replaced += 1

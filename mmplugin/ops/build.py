@@ -13,6 +13,8 @@ import ctypes
 import functools
 import hashlib
 import os
+import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -38,49 +40,62 @@ def kernel_cache_dir() -> Path:
     return Path(base) / 'mmplugin' / 'kernels'
 
 
-def _compiler() -> str:
-    cc = os.environ.get('CC', 'cc')
-    path = shutil.which(cc)
+def _compiler() -> list[str]:
+    """The compiler command: ``$CC`` split as a shell would (``CC="ccache gcc"`` works), default ``cc``."""
+    cc = shlex.split(os.environ.get('CC', 'cc')) or ['cc']
+    path = shutil.which(cc[0])
     if path is None:
-        raise KernelUnavailable(f'no C compiler ({cc!r} is not on PATH; set CC)')
-    return path
+        raise KernelUnavailable(f'no C compiler ({cc[0]!r} is not on PATH; set CC)')
+    return [path, *cc[1:]]
 
 
 @functools.lru_cache(maxsize=None)
 def load_kernels(name: str) -> ctypes.CDLL:
     """The shared library built from ``mmplugin/ops/{name}.c`` (and the headers beside it).
 
-    The cache key covers the sources, the flags and the compiler's version, so an edited source or another compiler
-    builds anew; the build is written to a temporary file and renamed, so concurrent processes (one per GPU or
-    distributed rank) never load a half-written library.
+    The cache key covers the sources, the flags, the compiler's version and the machine architecture, so an edited
+    source or another compiler builds anew; the build is written to a temporary file and renamed, so concurrent
+    processes (one per GPU or distributed rank) never load a half-written library. A cached library that does not
+    load is rebuilt once.
     """
     cc = _compiler()
     source = _SOURCES / f'{name}.c'
     if not source.is_file():
         raise KernelUnavailable(f'no kernel source {source}')
     try:
-        version = subprocess.run([cc, '--version'], capture_output=True, text=True, timeout=60).stdout
+        version = subprocess.run([*cc, '--version'], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as e:
-        raise KernelUnavailable(f'C compiler {cc} does not run: {e}') from e
+        raise KernelUnavailable(f'C compiler {cc[0]} does not run: {e}') from e
     digest = hashlib.sha256()
-    for part in [version, ' '.join(_FLAGS)] + [p.read_text() for p in sorted(_SOURCES.glob('*.[ch]'))]:
+    sources = [p.read_text() for p in sorted(_SOURCES.glob('*.[ch]'))]
+    for part in [version, platform.machine(), ' '.join(_FLAGS), *sources]:
         digest.update(part.encode())
-    out_dir = kernel_cache_dir()
-    target = out_dir / f'{name}-{digest.hexdigest()[:16]}.so'
+    target = kernel_cache_dir() / f'{name}-{digest.hexdigest()[:16]}.so'
     if not target.is_file():
-        out_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix='.so', dir=out_dir)
-        os.close(fd)
-        try:
-            proc = subprocess.run([cc, *_FLAGS, '-o', tmp, str(source), '-lm'], capture_output=True, text=True,
-                                  timeout=300)
-            if proc.returncode != 0:
-                raise KernelUnavailable(f'building {source.name} with {cc} failed:\n{proc.stderr.strip()}')
-            os.replace(tmp, target)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        _build(cc, source, target)
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError:
+        _build(cc, source, target)  # a damaged cached file
     try:
         return ctypes.CDLL(str(target))
     except OSError as e:
         raise KernelUnavailable(f'cannot load {target}: {e}') from e
+
+
+def _build(cc: list[str], source: Path, target: Path) -> None:
+    """Compile ``source`` into ``target`` through a temporary file in the same directory and an atomic rename; the
+    library is readable by every user (``mkstemp`` creates files for the owner only)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix='.so.tmp', dir=target.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run([*cc, *_FLAGS, '-o', tmp, str(source), '-lm'], capture_output=True, text=True,
+                              timeout=300)
+        if proc.returncode != 0:
+            raise KernelUnavailable(f'building {source.name} with {cc[0]} failed:\n{proc.stderr.strip()}')
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)

@@ -11,8 +11,9 @@
  *
  * Non-finite values reach exactly the outputs the reference reaches: an in-range sample touches the same four map
  * entries (zero weights included, so 0 * inf = NaN as there), and every out-of-range sample adds 0 * F[0, 0] as the
- * reference does. In the backward, out-of-range samples add nothing, as there. RoIs with a non-finite coordinate,
- * where the reference's grid size is undefined behaviour, give NaN outputs and no gradient.
+ * reference does. In the backward, out-of-range samples add nothing, as there. A RoI of NaN size, where the
+ * reference's grid size is undefined behaviour, gives NaN outputs and no gradient; an infinite one gets no samples
+ * (zero outputs, as the reference on x86).
  *
  * Parallel: a call handles the channels [c_begin, c_end) of every RoI, so callers split the channels over threads;
  * in the backward each thread then owns its channels of the input gradient, without atomics.

@@ -15,35 +15,48 @@ autocast) are pooled in fp32 and rounded back, as :mod:`mmplugin.engine.mmcv_ops
 from __future__ import annotations
 
 import ctypes
+import functools
+import os
 import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-from torch import nn
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.utils import _pair
 
 from mmplugin.ops.build import KernelUnavailable, load_kernels
 
-__all__ = ['RoIAlign', 'roi_align', 'fast_kernel_applies']
+__all__ = ['layer_class', 'roi_align', 'fast_kernel_applies']  # and RoIAlign (layer_class(), on first use)
 
 _DTYPES = {torch.float32: 'f32', torch.float64: 'f64'}
 _ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int,
                                                        ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
 _state = threading.Lock()
 _pool: dict[int, ThreadPoolExecutor] = {}
-_warned = []
+_warned = []  # the reason the kernel is unavailable, once known: not built again, warned once
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of the parent's pool threads (and maybe a held lock): start afresh."""
+    global _state
+    _state = threading.Lock()
+    _pool.clear()
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _kernels() -> ctypes.CDLL | None:
-    """The built library, or None (warned once) where it cannot be built."""
+    """The built library, or None (warned once, not retried) where it cannot be built."""
+    if _warned:
+        return None
     try:
         lib = load_kernels('roi_align')
     except KernelUnavailable as e:
-        if not _warned:
-            _warned.append(True)
-            warnings.warn(f'mmplugin.RoIAlign uses mmcv\'s kernel: {e}', stacklevel=3)
+        _warned.append(str(e))
+        warnings.warn(f'mmplugin.RoIAlign uses mmcv\'s kernel: {e}', stacklevel=3)
         return None
     for suffix in _DTYPES.values():
         for direction in ('forward', 'backward'):
@@ -75,7 +88,7 @@ def _run(direction: str, src: torch.Tensor, rois: torch.Tensor, dst: torch.Tenso
     if 2 in codes:
         raise ValueError('RoIAlign(aligned=True) got a RoI of negative or NaN width or height (x2 < x1 or y2 < y1)')
     if 1 in codes:
-        raise MemoryError('RoIAlign: out of memory for the sampling taps')
+        raise MemoryError('RoIAlign: out of memory for the sampling taps (or a RoI needs more than 2^31 of them)')
 
 
 def _check(input: torch.Tensor, rois: torch.Tensor) -> None:
@@ -83,6 +96,8 @@ def _check(input: torch.Tensor, rois: torch.Tensor) -> None:
         raise ValueError(f'RoIAlign expects an (N, C, H, W) feature map, got shape {tuple(input.shape)}')
     if rois.dim() != 2 or rois.shape[1] != 5:
         raise ValueError(f'RoIs must be (K, 5) rows of (batch index, x1, y1, x2, y2), got shape {tuple(rois.shape)}')
+    if rois.shape[0] and input.shape[2] * input.shape[3] == 0:
+        raise ValueError(f'RoIAlign got RoIs for an empty feature map of shape {tuple(input.shape)}')
     if rois.shape[0]:
         idx = rois[:, 0]
         if not bool(((idx >= 0) & (idx < input.shape[0]) & (idx == idx.floor())).all()):
@@ -104,9 +119,10 @@ class _RoIAlignAvg(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_out):
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None, None
         (rois, ) = ctx.saved_tensors
-        shape = ctx.args[0]
-        grad_input = grad_out.new_zeros(shape)
+        grad_input = grad_out.new_zeros(ctx.args[0])
         _run('backward', grad_out.contiguous(), rois, grad_input, *ctx.args)
         return grad_input, None, None, None, None, None
 
@@ -141,38 +157,33 @@ def roi_align(input: torch.Tensor, rois: torch.Tensor, output_size, spatial_scal
     return _RoIAlignAvg.apply(input, rois, output_size, float(spatial_scale), int(sampling_ratio), bool(aligned))
 
 
-class RoIAlign(nn.Module):
-    """Drop-in for ``mmcv.ops.RoIAlign`` (same arguments and attributes), using :func:`roi_align`.
+@functools.lru_cache(maxsize=None)
+def layer_class() -> type:
+    """``mmplugin.ops.RoIAlign``: a subclass of ``mmcv.ops.RoIAlign`` (the same constructor, attributes and repr; code
+    that checks for mmcv's class, such as mmdeploy's TensorRT rewriter of mmdet's RoI extractor, accepts it) whose
+    forward runs :func:`roi_align`. Built on first use, as importing ``mmcv.ops`` loads mmcv's compiled ops."""
+    from mmcv.ops import RoIAlign as MmcvRoIAlign
 
-    Args:
-        output_size (int | tuple): ``(out_h, out_w)``. spatial_scale (float): map stride over the image, e.g. 1/16.
-        sampling_ratio (int): samples per bin side; 0 means ``ceil(roi size / output size)`` per RoI.
-        pool_mode (str): ``'avg'`` (the fast kernel) or ``'max'`` (mmcv's).
-        aligned (bool): half-pixel aligned coordinates (Detectron2's ``aligned=True``), as mmcv's default.
-        use_torchvision (bool): run torchvision's ``roi_align`` instead, as mmcv's option does.
-    """
+    class RoIAlign(MmcvRoIAlign):
+        __doc__ = f"""Drop-in for ``mmcv.ops.RoIAlign`` whose forward runs :func:`{__name__}.roi_align` (the plugin's
+        CPU kernel, mmcv's elsewhere). Arguments as mmcv's: output_size, spatial_scale, sampling_ratio (0: adaptive),
+        pool_mode ('avg' | 'max'), aligned, use_torchvision."""
+        __module__ = __name__
 
-    def __init__(self, output_size, spatial_scale: float = 1.0, sampling_ratio: int = 0, pool_mode: str = 'avg',
-                 aligned: bool = True, use_torchvision: bool = False):
-        super().__init__()
-        if pool_mode not in ('avg', 'max'):
-            raise ValueError(f"pool_mode must be 'avg' or 'max', got {pool_mode!r}")
-        self.output_size = _pair(output_size)
-        self.spatial_scale = float(spatial_scale)
-        self.sampling_ratio = int(sampling_ratio)
-        self.pool_mode = pool_mode
-        self.aligned = aligned
-        self.use_torchvision = use_torchvision
+        def forward(self, input: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
+            """input ``(N, C, H, W)``, rois ``(K, 5)`` -> ``(K, C, out_h, out_w)``."""
+            if self.pool_mode not in ('avg', 'max'):
+                raise ValueError(f"pool_mode must be 'avg' or 'max', got {self.pool_mode!r}")
+            if self.use_torchvision:
+                return super().forward(input, rois)
+            return roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.pool_mode,
+                             self.aligned)
 
-    def forward(self, input: torch.Tensor, rois: torch.Tensor) -> torch.Tensor:
-        """input ``(N, C, H, W)``, rois ``(K, 5)`` -> ``(K, C, out_h, out_w)``."""
-        if self.use_torchvision:
-            from mmcv.ops import RoIAlign as MmcvRoIAlign
-            return MmcvRoIAlign.forward(self, input, rois)
-        return roi_align(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio, self.pool_mode,
-                         self.aligned)
+    RoIAlign.__qualname__ = 'RoIAlign'
+    return RoIAlign
 
-    def extra_repr(self) -> str:
-        return (f'output_size={self.output_size}, spatial_scale={self.spatial_scale}, '
-                f'sampling_ratio={self.sampling_ratio}, pool_mode={self.pool_mode}, aligned={self.aligned}, '
-                f'use_torchvision={self.use_torchvision}')
+
+def __getattr__(name: str):
+    if name == 'RoIAlign':
+        return layer_class()
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

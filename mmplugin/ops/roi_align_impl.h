@@ -44,8 +44,18 @@ static void NAME(axis_taps)(NAME(Axis) * a, T start, T bin, int pooled, int grid
     }
 }
 
-/* The RoI's geometry as the reference computes it. Returns 1, or 0 for a RoI with a non-finite coordinate, or -1
- * for an aligned RoI whose size is negative or NaN (the reference refuses it). */
+/* Samples per bin side: sampling_ratio, or ceil(extent / bins). An extent whose grid is not a positive int (inf,
+ * or beyond INT_MAX samples) gets no samples: the reference's int conversion is undefined there and on x86 yields
+ * INT_MIN, whose loops never run (zero outputs). */
+static int NAME(grid)(int sampling_ratio, T extent, int bins) {
+    if (sampling_ratio > 0) return sampling_ratio;
+    const float g = ceilf(extent / bins);
+    return g > 0 && g < 2147483647.0f ? (int)g : 0;
+}
+
+/* The RoI's geometry as the reference computes it. Returns 1, or 0 for a RoI of NaN size (the reference's grid
+ * is undefined behaviour there; here its outputs are NaN), or -1 for an aligned RoI whose size is negative or NaN
+ * (the reference refuses it). */
 static int NAME(roi_geometry)(const T *roi, T scale, int ph_n, int pw_n, int sampling_ratio, int aligned, T *sh,
                               T *sw, T *bh, T *bw, int *gh, int *gw) {
     const T offset = aligned ? (T)0.5 : (T)0.0;
@@ -53,17 +63,17 @@ static int NAME(roi_geometry)(const T *roi, T scale, int ph_n, int pw_n, int sam
     const T end_w = roi[3] * scale - offset, end_h = roi[4] * scale - offset;
     T width = end_w - start_w, height = end_h - start_h;
     if (aligned && !(width >= 0 && height >= 0)) return -1;
-    if (!(isfinite(width) && isfinite(height) && isfinite(start_w) && isfinite(start_h))) return 0;
-    if (!aligned) {
+    if (!aligned) { /* std::max(size, 1): a NaN size stays NaN, -inf becomes 1 */
         if (width < (T)1.) width = (T)1.;
         if (height < (T)1.) height = (T)1.;
     }
+    if (isnan(width) || isnan(height)) return 0;
     *sh = start_h;
     *sw = start_w;
     *bh = height / (T)ph_n;
     *bw = width / (T)pw_n;
-    *gh = sampling_ratio > 0 ? sampling_ratio : (int)ceilf(height / ph_n);
-    *gw = sampling_ratio > 0 ? sampling_ratio : (int)ceilf(width / pw_n);
+    *gh = NAME(grid)(sampling_ratio, height, ph_n);
+    *gw = NAME(grid)(sampling_ratio, width, pw_n);
     return 1;
 }
 
@@ -74,20 +84,32 @@ typedef struct {
     int *ny, *nx; /* in-range samples per bin row / bin column */
 } NAME(Roi);
 
-/* Fills r for one RoI; returns 0 on allocation failure. Buffers grow as needed and are freed by roi_free. */
+/* Fills r for one RoI; returns 0 on allocation failure or a grid of more than INT_MAX taps. Buffers grow as needed
+ * and are freed by roi_free. */
 static int NAME(roi_prepare)(NAME(Roi) * r, size_t *cap, const T *roi, T scale, int ph_n, int pw_n, int sr,
                              int aligned, int64_t height, int64_t width, int *finite) {
     T sh, sw, bh, bw;
     int gh, gw;
     *finite = NAME(roi_geometry)(roi, scale, ph_n, pw_n, sr, aligned, &sh, &sw, &bh, &bw, &gh, &gw);
     if (*finite != 1) return 1;
-    size_t need = (size_t)ph_n * gh + (size_t)pw_n * gw + (size_t)width + 1;
+    /* every array holds n entries: the taps of either axis, a column buffer, and a count per bin row / column */
+    const size_t taps_y = (size_t)ph_n * (size_t)gh, taps_x = (size_t)pw_n * (size_t)gw;
+    if (taps_y > 2147483647u || taps_x > 2147483647u) return 0; /* tap indices are int */
+    size_t need = (size_t)width;
+    if (taps_y > need) need = taps_y;
+    if (taps_x > need) need = taps_x;
+    if ((size_t)ph_n > need) need = (size_t)ph_n;
+    if ((size_t)pw_n > need) need = (size_t)pw_n;
+    need += 1;
     if (need > *cap) {
-        size_t n = need * 2;
+        const size_t n = need * 2, per = 4 * sizeof(int64_t) + 5 * sizeof(T) + 2 * sizeof(int) + 2;
         free(r->y.lo);
+        r->y.lo = NULL; /* nothing to free again if the allocation below fails */
+        *cap = 0;
+        if (n > SIZE_MAX / per) return 0;
         /* one block of n entries for each array: four of int64 (taps), five of T (weights, buffer), two of int
          * (counts) and two of bytes (in-range flags), in that order, so each array is aligned for its type */
-        char *m = malloc(n * (4 * sizeof(int64_t) + 5 * sizeof(T) + 2 * sizeof(int) + 2));
+        char *m = malloc(n * per);
         if (!m) return 0;
         r->y.lo = (int64_t *)m;
         r->y.hi = r->y.lo + n;

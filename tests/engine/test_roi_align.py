@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -140,20 +143,39 @@ def test_bad_input_is_refused_with_a_clear_error():
     with pytest.raises(ValueError, match=r'\(N, C, H, W\)'):
         fast.roi_align(x[0], rois, 7, 0.25)
     with pytest.raises(ValueError, match='pool_mode'):
-        fast.RoIAlign(7, pool_mode='sum')
+        fast.RoIAlign(7, pool_mode='sum')(x, rois)
+    with pytest.raises(ValueError, match='empty feature map'):
+        fast.roi_align(x[:, :, :0], rois, 7, 0.25)
 
 
-def test_legacy_roi_with_a_non_finite_coordinate_gives_nan():
-    """aligned=False: mmcv's grid size for an infinite box is undefined behaviour; here its outputs are NaN and it
-    adds nothing to the input gradient; the other RoIs are untouched."""
+def test_legacy_roi_of_nan_size_gives_nan():
+    """aligned=False: mmcv's grid size for a NaN box is undefined behaviour; here its outputs are NaN and it adds
+    nothing to the input gradient; the other RoIs are untouched."""
     x, rois = _random_case(k=5)
     bad = rois.clone()
-    bad[2, 3] = float('inf')
+    bad[2, 3] = float('nan')
     out, grad, g = _forward_backward(fast.roi_align, x, bad, (7, 7), 0.25, 0, False)
     keep = [0, 1, 3, 4]
     ref, ref_grad, _ = _forward_backward(fast.roi_align, x, rois[keep], (7, 7), 0.25, 0, False, g[keep])
     assert out[2].isnan().all() and torch.equal(out[keep], ref)
     assert torch.equal(grad, ref_grad)
+
+
+@needs_mmcv
+@pytest.mark.parametrize('aligned', [True, False])
+def test_degenerate_rois_match_mmcv(aligned):
+    """Infinite coordinates (legacy mode clamps the size to 1 as mmcv does), a point box on a map narrower than the
+    output (no samples), and a box of 1e12 pixels (mmcv's grid overflows to no samples on x86): the same outputs and
+    gradients as mmcv's kernel."""
+    x = torch.arange(2 * 4 * 4, dtype=torch.float32).view(1, 2, 4, 4)
+    rows = [[0, 1, 1, 2.5, 3], [0, 0.5, 0.5, 0.5, 0.5], [0, 0, 0, 1e12, 1e12]]
+    if not aligned:
+        rows += [[0, 1, 1, float('-inf'), 3], [0, float('inf'), 1, 2, 3]]
+    rois = torch.tensor(rows)
+    for out_hw, sampling in (((7, 7), 0), ((14, 14), 0), ((2, 2), 2)):
+        ours, ours_grad, g = _forward_backward(fast.roi_align, x, rois, out_hw, 1.0, sampling, aligned)
+        theirs, theirs_grad, _ = _forward_backward(_mmcv, x, rois, out_hw, 1.0, sampling, aligned, g)
+        assert torch.allclose(ours, theirs, rtol=0, atol=1e-5) and torch.allclose(ours_grad, theirs_grad, atol=1e-5)
 
 
 @pytest.mark.numeric
@@ -172,11 +194,33 @@ def test_threads_split_channels_without_changing_a_bit():
 
 
 @needs_mmcv
+def test_a_forked_child_runs_the_threaded_kernel():
+    """The thread pool does not survive fork(): a child process (a pre-forking server, a data loader worker) starts
+    its own."""
+    import signal
+    x, rois = _random_case(c=6)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        expected = fast.roi_align(x, rois, 7, 0.25)
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            signal.alarm(60)
+            os._exit(0 if torch.equal(fast.roi_align(x, rois, 7, 0.25), expected) else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        torch.set_num_threads(before)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+
+
+@needs_mmcv
 def test_what_the_kernel_does_not_cover_is_mmcv_function(monkeypatch):
     """Max pooling and graphs being compiled run mmcv's kernel (bit-identical); bf16 maps (CPU autocast) are pooled
     in fp32 and rounded back, as mmplugin.engine.mmcv_ops runs mmcv's kernel there."""
+    from mmcv.ops import RoIAlign as MmcvRoIAlign
     x, rois = _random_case(k=6)
     layer = fast.RoIAlign(7, 0.25, 0, pool_mode='max')
+    assert isinstance(layer, MmcvRoIAlign)  # what mmdeploy's TensorRT rewriter of the extractor checks
     assert torch.equal(layer(x, rois), _mmcv(x, rois, (7, 7), 0.25, 0, 'max'))
     assert not fast.fast_kernel_applies(x, rois, 'max') and fast.fast_kernel_applies(x, rois, 'avg')
     xb = x.bfloat16().requires_grad_(True)
@@ -191,8 +235,8 @@ def test_what_the_kernel_does_not_cover_is_mmcv_function(monkeypatch):
 
 
 def test_kernel_builds_once_per_source_and_falls_back_without_a_compiler(tmp_path, monkeypatch):
-    """A build lands in the cache directory and is reused; without a compiler the layer warns once and computes
-    mmcv's function."""
+    """A build lands in the cache directory (readable by all) and is reused, a damaged one is rebuilt; without a
+    compiler the layer warns once, does not try to build again, and computes mmcv's function."""
     monkeypatch.setenv('MMPLUGIN_KERNEL_CACHE', str(tmp_path / 'kernels'))
     build.load_kernels.cache_clear()
     try:
@@ -203,17 +247,26 @@ def test_kernel_builds_once_per_source_and_falls_back_without_a_compiler(tmp_pat
         build.load_kernels.cache_clear()
         build.load_kernels('roi_align')
         assert built[0].stat().st_mtime_ns == stamp  # loaded, not rebuilt
+        assert built[0].stat().st_mode & 0o755 == 0o755
+        built[0].write_bytes(b'not a library')
+        # in a fresh process: this one would reuse the library it has loaded from that path
+        subprocess.run([sys.executable, '-c', 'from mmplugin.ops.build import load_kernels; load_kernels("roi_align")'],
+                       check=True, timeout=300, env={**os.environ, 'MMPLUGIN_KERNEL_CACHE': str(tmp_path / 'kernels')})
+        assert built[0].stat().st_size > 1000 and not list((tmp_path / 'kernels').glob('*.tmp'))
         with pytest.raises(build.KernelUnavailable, match='no kernel source'):
             build.load_kernels('no_such_kernel')
         build.load_kernels.cache_clear()
         monkeypatch.setenv('CC', 'no-such-compiler-anywhere')
         monkeypatch.setenv('MMPLUGIN_KERNEL_CACHE', str(tmp_path / 'empty'))
         monkeypatch.setattr(fast, '_warned', [])
+        attempts = []
+        monkeypatch.setattr(fast, 'load_kernels', lambda name: attempts.append(name) or build.load_kernels(name))
         x, rois = _random_case(k=3)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter('always')
             out = fast.roi_align(x, rois, 7, 0.25)
             fast.roi_align(x, rois, 7, 0.25)
+        assert attempts == ['roi_align']
         assert [str(w.message) for w in caught].count(
             "mmplugin.RoIAlign uses mmcv's kernel: no C compiler ('no-such-compiler-anywhere' is not on PATH; set CC)"
         ) == 1
