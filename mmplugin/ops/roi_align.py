@@ -100,9 +100,10 @@ def _check(input: torch.Tensor, rois: torch.Tensor) -> None:
         raise ValueError(f'RoIAlign got RoIs for an empty feature map of shape {tuple(input.shape)}')
     if rois.shape[0]:
         idx = rois[:, 0]
-        if not bool(((idx >= 0) & (idx < input.shape[0]) & (idx == idx.floor())).all()):
+        ok = (idx >= 0) & (idx < input.shape[0]) & (idx == idx.floor())
+        if not bool(ok.all()):
             raise ValueError(f'RoI batch indices must be integers in [0, {input.shape[0]}), got '
-                             f'{idx[~((idx >= 0) & (idx < input.shape[0]) & (idx == idx.floor()))][:5].tolist()}')
+                             f'{idx[~ok][:5].tolist()}')
 
 
 class _RoIAlignAvg(torch.autograd.Function):

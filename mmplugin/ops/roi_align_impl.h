@@ -84,17 +84,19 @@ typedef struct {
     int *ny, *nx; /* in-range samples per bin row / bin column */
 } NAME(Roi);
 
-/* Fills r for one RoI; returns 0 on allocation failure or a grid of more than INT_MAX taps. Buffers grow as needed
+/* Fills r for one RoI and sets *finite (0: a RoI of NaN size, r not filled). Returns 0, or the kernels' error
+ * codes: 1 on allocation failure or a grid of more than INT_MAX taps, 2 for a refused RoI. Buffers grow as needed
  * and are freed by roi_free. */
 static int NAME(roi_prepare)(NAME(Roi) * r, size_t *cap, const T *roi, T scale, int ph_n, int pw_n, int sr,
                              int aligned, int64_t height, int64_t width, int *finite) {
     T sh, sw, bh, bw;
     int gh, gw;
     *finite = NAME(roi_geometry)(roi, scale, ph_n, pw_n, sr, aligned, &sh, &sw, &bh, &bw, &gh, &gw);
-    if (*finite != 1) return 1;
+    if (*finite < 0) return 2;
+    if (*finite == 0) return 0;
     /* every array holds n entries: the taps of either axis, a column buffer, and a count per bin row / column */
     const size_t taps_y = (size_t)ph_n * (size_t)gh, taps_x = (size_t)pw_n * (size_t)gw;
-    if (taps_y > 2147483647u || taps_x > 2147483647u) return 0; /* tap indices are int */
+    if (taps_y > 2147483647u || taps_x > 2147483647u) return 1; /* tap indices are int */
     size_t need = (size_t)width;
     if (taps_y > need) need = taps_y;
     if (taps_x > need) need = taps_x;
@@ -106,11 +108,11 @@ static int NAME(roi_prepare)(NAME(Roi) * r, size_t *cap, const T *roi, T scale, 
         free(r->y.lo);
         r->y.lo = NULL; /* nothing to free again if the allocation below fails */
         *cap = 0;
-        if (n > SIZE_MAX / per) return 0;
+        if (n > SIZE_MAX / per) return 1;
         /* one block of n entries for each array: four of int64 (taps), five of T (weights, buffer), two of int
          * (counts) and two of bytes (in-range flags), in that order, so each array is aligned for its type */
         char *m = malloc(n * per);
-        if (!m) return 0;
+        if (!m) return 1;
         r->y.lo = (int64_t *)m;
         r->y.hi = r->y.lo + n;
         r->x.lo = r->y.hi + n;
@@ -140,7 +142,7 @@ static int NAME(roi_prepare)(NAME(Roi) * r, size_t *cap, const T *roi, T scale, 
     }
     r->gh = gh;
     r->gw = gw;
-    return 1;
+    return 0;
 }
 
 static void NAME(roi_free)(NAME(Roi) * r) { free(r->y.lo); }
@@ -158,13 +160,11 @@ int NAME(mmplugin_roi_align_forward)(const T *input, const T *rois, T *out, int6
     for (int64_t n = 0; n < n_rois; n++) {
         const T *roi = rois + n * 5;
         int finite;
-        if (!NAME(roi_prepare)(&r, &cap, roi, scale, ph_n, pw_n, sampling_ratio, aligned, height, width, &finite)) {
+        const int status = NAME(roi_prepare)(&r, &cap, roi, scale, ph_n, pw_n, sampling_ratio, aligned, height,
+                                             width, &finite);
+        if (status) {
             NAME(roi_free)(&r);
-            return 1;
-        }
-        if (finite < 0) {
-            NAME(roi_free)(&r);
-            return 2;
+            return status;
         }
         const int64_t b = (int64_t)roi[0];
         const int gh = r.gh, gw = r.gw, samples = gh * gw;
@@ -222,13 +222,11 @@ int NAME(mmplugin_roi_align_backward)(const T *grad_out, const T *rois, T *grad_
     for (int64_t n = 0; n < n_rois; n++) {
         const T *roi = rois + n * 5;
         int finite;
-        if (!NAME(roi_prepare)(&r, &cap, roi, scale, ph_n, pw_n, sampling_ratio, aligned, height, width, &finite)) {
+        const int status = NAME(roi_prepare)(&r, &cap, roi, scale, ph_n, pw_n, sampling_ratio, aligned, height,
+                                             width, &finite);
+        if (status) {
             NAME(roi_free)(&r);
-            return 1;
-        }
-        if (finite < 0) {
-            NAME(roi_free)(&r);
-            return 2;
+            return status;
         }
         const int gh = r.gh, gw = r.gw;
         if (!finite || gh * gw == 0 || r.x.last < r.x.first || r.y.last < r.y.first) continue;
