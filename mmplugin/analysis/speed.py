@@ -142,9 +142,7 @@ def _compiled_for(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | 
     weight prepacking), warmed up once; a copy, so the eager model is untouched."""
     import copy
 
-    import torch._inductor.config as inductor_config
-    inductor_config.freezing = True
-    m = torch.compile(copy.deepcopy(model), backend='inductor', dynamic=False)
+    m = torch.compile(copy.deepcopy(model), backend='inductor', dynamic=False, options={'freezing': True})
     t = time.perf_counter()
     with torch.no_grad(), torch.autocast('cpu', dtype=dtype or torch.bfloat16, enabled=dtype is not None):
         m(x)

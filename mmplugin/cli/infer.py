@@ -2,7 +2,8 @@
 
     python tools/infer.py CONFIG CHECKPOINT IMAGE_OR_FOLDER [--out result.png | DIR] [--pred-out preds.json]
         [--no-draw] [--score-thr 0.3] [--device cpu] [--cfg-options ...] [--allow-partial]
-        [--compile] [--fast [auto|bf16|fp16]] [--runtime pytorch|openvino|onnxruntime]
+        [--compile [dynamic|static]] [--compile-sizes N] [--fast [auto|bf16|fp16]]
+        [--runtime pytorch|openvino|onnxruntime]
 
 CHECKPOINT is a path or an http(s) URL. It must fit the model of CONFIG (see tools/test.py), unless --allow-partial.
 Published whole-model checkpoints (official Swin detection / segmentation repositories, mmdet / mmseg model
@@ -15,6 +16,8 @@ RLE masks); for segmentors the label map PNG beside it (FILE_labels.png, or FILE
 docs/evaluation.md. No output overwrites another: a drawing path equal to the json or a label map is refused.
 ``--runtime openvino`` (or ``onnxruntime``) runs backbone + neck in that runtime, heads in PyTorch
 (:mod:`mmplugin.inference.runtime`; OpenVINO compiles one model per input shape, cached; speed: docs/benchmarks.md).
+``--compile static`` compiles backbone + neck per input size with frozen weights (:mod:`mmplugin.inference.compiled`;
+the fastest PyTorch path on a CPU for fixed sizes, a compile of about a minute per size).
 """
 from __future__ import annotations
 

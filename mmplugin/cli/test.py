@@ -2,7 +2,8 @@
 
     python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--tta] [--show-dir DIR] [--cfg-options ...]
         [--format-only --out-dir DIR] [--out FILE.pkl] [--allow-partial] [--launcher none|pytorch|slurm]
-        [--compile] [--fast [auto|bf16|fp16]] [--runtime pytorch|openvino|onnxruntime]
+        [--compile [dynamic|static]] [--compile-sizes N] [--fast [auto|bf16|fp16]]
+        [--runtime pytorch|openvino|onnxruntime]
 
 CHECKPOINT is a path or an http(s) URL (downloaded once into the torch hub cache). Checkpoints load with
 weights-only semantics (see mmplugin.checkpoint) and strictly: one that does not fit the model of CONFIG (a
@@ -15,6 +16,8 @@ zoos) load as they are: their backbone part is converted on the fly (docs/publis
 maps), ``--out FILE.pkl`` dumps the raw predictions, ``--show-dir DIR`` draws every prediction: docs/evaluation.md.
 ``--runtime openvino`` (or ``onnxruntime``) runs backbone + neck in that runtime, heads in PyTorch
 (:mod:`mmplugin.inference.runtime`; OpenVINO compiles one model per input shape, cached; speed: docs/benchmarks.md).
+``--compile static`` compiles backbone + neck per input size with frozen weights (:mod:`mmplugin.inference.compiled`;
+the fastest PyTorch path on a CPU for fixed sizes, a compile of about a minute per size).
 """
 from __future__ import annotations
 
