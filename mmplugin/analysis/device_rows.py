@@ -153,10 +153,13 @@ ATTENTION_OPS = ('scaled_dot_product', 'flash', 'efficient_attention', 'cudnn_at
                  'bmm')
 
 
+WINDOW_ATTENTION_KERNEL = 'mmplugin::window_attention'  # the plugin's fused CPU inference kernel (mmplugin.ops)
+
+
 def attention_kernels(family: str, arch: str, size, device, precision: str, train: bool = False) -> list[str]:
-    """The attention-related aten operators (SDPA's backend ops, or softmax + batched products where SDPA is not
-    used) in one profiled forward (and backward with ``train``) of the plugin's backbone: which kernel ran the
-    window attention with its position bias and shift mask."""
+    """The attention-related operators (SDPA's backend ops, softmax + batched products where SDPA is not used, or
+    the plugin's fused CPU inference kernel) in one profiled forward (and backward with ``train``) of the plugin's
+    backbone: which kernel ran the window attention with its position bias and shift mask."""
     from torch.profiler import ProfilerActivity, profile
 
     from mmplugin.models.backbones.base import get_family
@@ -176,4 +179,5 @@ def attention_kernels(family: str, arch: str, size, device, precision: str, trai
             sum(o.float().mean() for o in outs).backward()
         _sync(device)
     return sorted({e.key for e in prof.key_averages()
-                   if e.key.startswith('aten::') and any(s in e.key for s in ATTENTION_OPS)})
+                   if (e.key.startswith('aten::') and any(s in e.key for s in ATTENTION_OPS))
+                   or e.key == WINDOW_ATTENTION_KERNEL})

@@ -20,11 +20,19 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-__all__ = ['KernelUnavailable', 'kernel_cache_dir', 'load_kernels']
+__all__ = ['ISA_FLAGS', 'KernelUnavailable', 'cpu_isa', 'kernel_cache_dir', 'load_kernels']
 
 _SOURCES = Path(__file__).parent
-# -ffp-contract=off: no fused multiply-adds, so the sample coordinates are computed as the reference computes them
-_FLAGS = ['-O3', '-shared', '-fPIC', '-ffp-contract=off', '-std=c99']
+_FLAGS = ['-O3', '-shared', '-fPIC', '-std=c99']
+# per kernel: roi_align without fused multiply-adds, so the sample coordinates are computed as the reference computes
+# them; window_attention with them (its error bound allows either, and they halve the inner loops' instructions) and
+# with OpenMP: linked by soname, it shares the runtime torch loaded (libgomp.so.1), so the kernel runs on torch's
+# intra-op threads instead of competing with them while they wait for the next operator
+_KERNEL_FLAGS = {'roi_align': ['-ffp-contract=off'], 'window_attention': ['-ffp-contract=fast', '-fopenmp']}
+# vector code for the kernel family torch dispatches to (torch.backends.cpu.get_cpu_capability(), which
+# ATEN_CPU_CAPABILITY lowers), so a library never uses instructions the process was told to avoid
+ISA_FLAGS = {'AVX512': ['-mavx512f', '-mavx512bw', '-mavx512vl', '-mavx512dq', '-mfma', '-DMMP_VW=16'],
+             'AVX2': ['-mavx2', '-mfma', '-DMMP_VW=8'], 'DEFAULT': ['-DMMP_VW=4']}
 
 
 class KernelUnavailable(RuntimeError):
@@ -49,9 +57,18 @@ def _compiler() -> list[str]:
     return [path, *cc[1:]]
 
 
+def cpu_isa() -> str:
+    """The vector ISA a kernel is built for: ``'AVX512'``, ``'AVX2'`` (x86-64, as torch dispatches) or
+    ``'DEFAULT'``."""
+    import torch
+    cap = torch.backends.cpu.get_cpu_capability() if platform.machine() in ('x86_64', 'AMD64') else 'DEFAULT'
+    return cap if cap in ISA_FLAGS else 'DEFAULT'
+
+
 @functools.lru_cache(maxsize=None)
-def load_kernels(name: str) -> ctypes.CDLL:
-    """The shared library built from ``mmplugin/ops/{name}.c`` (and the headers beside it).
+def load_kernels(name: str, isa: str | None = None) -> ctypes.CDLL:
+    """The shared library built from ``mmplugin/ops/{name}.c`` (and the headers beside it); with ``isa`` (a key of
+    :data:`ISA_FLAGS`), built with that ISA's vector flags.
 
     The cache key covers the sources, the flags, the compiler's version and the machine architecture, so an edited
     source or another compiler builds anew; the build is written to a temporary file and renamed, so concurrent
@@ -66,31 +83,34 @@ def load_kernels(name: str) -> ctypes.CDLL:
         version = subprocess.run([*cc, '--version'], capture_output=True, text=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise KernelUnavailable(f'C compiler {cc[0]} does not run: {e}') from e
+    if isa is not None and isa not in ISA_FLAGS:
+        raise ValueError(f'isa must be one of {tuple(ISA_FLAGS)}, got {isa!r}')
+    flags = [*_FLAGS, *_KERNEL_FLAGS.get(name, []), *(ISA_FLAGS[isa] if isa else [])]
     digest = hashlib.sha256()
     sources = [p.read_text() for p in sorted(_SOURCES.glob('*.[ch]'))]
-    for part in [version, platform.machine(), ' '.join(_FLAGS), *sources]:
+    for part in [version, platform.machine(), ' '.join(flags), *sources]:
         digest.update(part.encode())
-    target = kernel_cache_dir() / f'{name}-{digest.hexdigest()[:16]}.so'
+    target = kernel_cache_dir() / f'{name}{"-" + isa.lower() if isa else ""}-{digest.hexdigest()[:16]}.so'
     if not target.is_file():
-        _build(cc, source, target)
+        _build(cc, flags, source, target)
     try:
         return ctypes.CDLL(str(target))
     except OSError:
-        _build(cc, source, target)  # a damaged cached file
+        _build(cc, flags, source, target)  # a damaged cached file
     try:
         return ctypes.CDLL(str(target))
     except OSError as e:
         raise KernelUnavailable(f'cannot load {target}: {e}') from e
 
 
-def _build(cc: list[str], source: Path, target: Path) -> None:
+def _build(cc: list[str], flags: list[str], source: Path, target: Path) -> None:
     """Compile ``source`` into ``target`` through a temporary file in the same directory and an atomic rename; the
     library is readable by every user (``mkstemp`` creates files for the owner only)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix='.so.tmp', dir=target.parent)
     os.close(fd)
     try:
-        proc = subprocess.run([*cc, *_FLAGS, '-o', tmp, str(source), '-lm'], capture_output=True, text=True,
+        proc = subprocess.run([*cc, *flags, '-o', tmp, str(source), '-lm'], capture_output=True, text=True,
                               timeout=300)
         if proc.returncode != 0:
             raise KernelUnavailable(f'building {source.name} with {cc[0]} failed:\n{proc.stderr.strip()}')

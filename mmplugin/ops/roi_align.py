@@ -16,36 +16,21 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
-import threading
 import warnings
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.utils import _pair
 
 from mmplugin.ops.build import KernelUnavailable, load_kernels
+from mmplugin.ops.parallel import run_slices
 
 __all__ = ['layer_class', 'roi_align', 'fast_kernel_applies']  # and RoIAlign (layer_class(), on first use)
 
 _DTYPES = {torch.float32: 'f32', torch.float64: 'f64'}
 _ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_int, ctypes.c_int, ctypes.c_float, ctypes.c_int,
                                                        ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
-_state = threading.Lock()
-_pool: dict[int, ThreadPoolExecutor] = {}
 _warned = []  # the reason the kernel is unavailable, once known: not built again, warned once
-
-
-def _after_fork_in_child() -> None:
-    """A forked child has none of the parent's pool threads (and maybe a held lock): start afresh."""
-    global _state
-    _state = threading.Lock()
-    _pool.clear()
-
-
-if hasattr(os, 'register_at_fork'):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _kernels() -> ctypes.CDLL | None:
@@ -65,13 +50,6 @@ def _kernels() -> ctypes.CDLL | None:
     return lib
 
 
-def _executor(workers: int) -> ThreadPoolExecutor:
-    with _state:
-        if workers not in _pool:
-            _pool[workers] = ThreadPoolExecutor(workers, thread_name_prefix='mmplugin-roi-align')
-        return _pool[workers]
-
-
 def _run(direction: str, src: torch.Tensor, rois: torch.Tensor, dst: torch.Tensor, feature_shape, output_size,
          spatial_scale: float, sampling_ratio: int, aligned: bool) -> None:
     """One kernel call per channel slice, the slices on ``torch.get_num_threads()`` threads."""
@@ -79,12 +57,7 @@ def _run(direction: str, src: torch.Tensor, rois: torch.Tensor, dst: torch.Tenso
     _, channels, height, width = feature_shape
     common = (src.data_ptr(), rois.data_ptr(), dst.data_ptr(), rois.shape[0], channels, height, width,
               output_size[0], output_size[1], spatial_scale, sampling_ratio, int(aligned))
-    workers = max(1, min(torch.get_num_threads(), channels))
-    edges = [channels * i // workers for i in range(workers + 1)]
-    if workers == 1:
-        codes = [fn(*common, 0, channels)]
-    else:
-        codes = list(_executor(workers).map(lambda i: fn(*common, edges[i], edges[i + 1]), range(workers)))
+    codes = run_slices(lambda begin, end: fn(*common, begin, end), channels)
     if 2 in codes:
         raise ValueError('RoIAlign(aligned=True) got a RoI of negative or NaN width or height (x2 < x1 or y2 < y1)')
     if 1 in codes:

@@ -227,7 +227,10 @@ def test_gpu_check_runs_its_checks_on_the_cpu(tmp_path):
                     assert r['rel_err'] < bound, (spec, r)
         assert {r['impl'] for r in entry['training']} >= {'mmplugin', 'mmplugin with_cp'}, spec
     assert {'mmdet-swin', 'mmdet-swin with_cp'} <= {r['impl'] for r in report['backbones']['swin:tiny']['training']}
-    assert any('scaled_dot_product' in op for op in report['backbones']['swin:tiny']['attention']['fp32 eval'])
+    # CPU inference: the plugin's fused kernel; training: SDPA or the explicit products (softmax + bmm)
+    assert report['backbones']['swin:tiny']['attention']['fp32 eval'] == ['mmplugin::window_attention']
+    assert any('softmax' in op or 'scaled_dot_product' in op
+               for op in report['backbones']['swin:tiny']['attention']['fp32 train'])
     # the whole detector step, plugin backbone against mmdet's: the same first-step losses (same weights, sampling)
     pair = {r['impl']: r for r in report['detector_pair']}
     assert set(pair) == {'mmdet-swin', 'mmplugin', 'mmplugin with_cp'}

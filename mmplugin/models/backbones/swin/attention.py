@@ -11,7 +11,9 @@ Speed, compared with the usual roll -> partition -> attention -> reverse -> roll
   reverse + un-shift + crop is another, so each direction copies the map once instead of two or three times;
 * the shift mask is built with tensor ops once per stage and forward from cached per-position region labels;
   blocks of a stage share it (``WindowGeometry``), and the cache holds only small index tensors;
-* a block's relative position bias is gathered once per forward, added to the mask once, and handed to
+* CPU inference runs the attention in one fused kernel per window (:mod:`mmplugin.ops.window_attention`: scores,
+  position bias + shift mask in fp32, softmax and the value products without the scores leaving the cache);
+* elsewhere a block's relative position bias is gathered once per forward, added to the mask once, and handed to
   :func:`torch.nn.functional.scaled_dot_product_attention` as a float mask;
 * V2's per-head logit scale is folded into the normalised queries, so SDPA runs with ``scale=1``.
 """
@@ -35,6 +37,7 @@ from mmplugin.models.backbones.swin.windows import (
 from mmplugin.models.layers.fusion import can_fuse_onednn, linear, linear_add
 from mmplugin.models.layers.precision import fp32_normalize
 from mmplugin.models.layers.recompute import window_softmax, window_softmax_attention
+from mmplugin.ops.window_attention import window_attention
 
 __all__ = [
     'WindowAttentionBase', 'WindowAttention', 'WindowAttentionV2', 'WindowGeometry', 'coordinate_window',
@@ -98,6 +101,10 @@ def _attend(q, k, v, pos: torch.Tensor, mask: torch.Tensor | None, b: int, scale
     bw, heads, n, d = q.shape
     if _explicit_for_training(q, pos):
         return _attend_explicit(q, k, v, pos, mask, b, scale, dropout)
+    if not dropout:
+        out = window_attention(q, k, v, pos, mask, scale)  # CPU inference: the fused kernel, else None
+        if out is not None:
+            return out
     per_window = mask is not None
     bias = pos + mask.unsqueeze(1) if per_window else pos  # (nW | 1, heads, N, N)
     if per_window and is_tracing():

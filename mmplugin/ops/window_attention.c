@@ -1,0 +1,246 @@
+/* Window attention for inference: softmax(scale * q k^T + bias) v for every (window, head), with the position bias
+ * and the shift mask added in fp32, in one pass per window and head: the scores never leave the thread's cache.
+ *
+ * Why: Swin's attention runs over windows of N = ws * ws tokens (49 for 7x7), thousands of them per image. PyTorch's
+ * CPU SDPA kernel tiles for long sequences, so on these short ones it reaches a small fraction of the CPU's
+ * multiply-add rate; the explicit batched products write and read the (windows, heads, N, N) scores three times.
+ * Here the keys of one (window, head) are packed transposed into an fp32 buffer, the scores of a few query rows are
+ * held in vector registers, the softmax runs on that row block in the cache, and the values are summed with the
+ * unnormalised probabilities, divided by the row's sum at the end.
+ *
+ * Layouts (strides in elements, the last dimension contiguous): q, k, v are (windows, heads, N, d) with their own
+ * window / head / token strides, so the views of a fused qkv projection are read in place; pos is the (heads, N, N)
+ * position bias and mask the (nw, N, N) shift mask or NULL, both contiguous fp32, window w using mask[w % nw] (the
+ * windows of a batch are image-major); out is (windows, N, heads * d) contiguous, the layout the output projection
+ * reads.
+ * Element types: fp32 (suffix f32) and bf16 (suffix bf16: loaded into fp32, computed in fp32, rounded to nearest
+ * even on the store).
+ *
+ * Non-finite values: NaN in a query, key or score makes that query row NaN (its sum is NaN), a NaN or infinite value
+ * reaches every query row of its window through the products, +inf scores give NaN rows (inf - inf) and -inf scores
+ * a zero probability, as the formulation softmax(s) v in IEEE arithmetic.
+ *
+ * Vector width: MMP_VW floats (16 for AVX-512 builds, 8 for AVX2, 4 otherwise), set by the build; the code is the
+ * same for each, written with GCC / Clang vector extensions.
+ *
+ * Parallel: a call handles the windows [begin, end), so callers split the windows over threads; each window writes
+ * its own output rows.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifndef MMP_VW
+#define MMP_VW 4
+#endif
+#define VW MMP_VW
+#define ROWS (VW >= 16 ? 4 : 2) /* query rows per register block */
+#define KV 4                    /* score vectors per row block: columns are padded to KV * VW */
+#define DV 2                    /* output vectors per row block: head dims are padded to DV * VW */
+
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef int32_t vi __attribute__((vector_size(VW * 4)));
+
+static inline vf splat(float s) {
+    vf v = {s};
+    vi zero = {0};
+    return __builtin_shuffle(v, zero); /* a broadcast */
+}
+
+/* the lane permutations of the reductions below: lane i takes lane i ^ half, for half = VW/2, ..., 1 */
+#if VW == 16
+static const vi FOLDS[] = {{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
+                           {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
+                           {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
+                           {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}};
+#elif VW == 8
+static const vi FOLDS[] = {{4, 5, 6, 7, 0, 1, 2, 3}, {2, 3, 0, 1, 6, 7, 4, 5}, {1, 0, 3, 2, 5, 4, 7, 6}};
+#elif VW == 4
+static const vi FOLDS[] = {{2, 3, 0, 1}, {1, 0, 3, 2}};
+#else
+#error "MMP_VW must be 4, 8 or 16"
+#endif
+#define NFOLDS ((int)(sizeof(FOLDS) / sizeof(FOLDS[0])))
+
+static inline vf vbits(vi x) {
+    vf y;
+    memcpy(&y, &x, sizeof(y));
+    return y;
+}
+
+static inline vi ibits(vf x) {
+    vi y;
+    memcpy(&y, &x, sizeof(y));
+    return y;
+}
+
+/* 2^n for integer-valued n in [-126, 127] */
+static inline vf pow2i(vi n) { return vbits((n + 127) << 23); }
+
+/* exp(x) for x <= 0 (scores minus the row's maximum), within 2 ulp of expf: Cody-Waite reduction by ln 2 and a
+ * degree-6 polynomial (the constants of Cephes' expf). Results below 2^-126 (x < -87.3, a weight under 1.2e-38
+ * against the row's largest weight of 1, far below fp32's resolution of the sum) are flushed to zero rather than
+ * computed as subnormals, which cost a microcode assist per lane on some CPUs; -inf gives 0 and NaN stays NaN. */
+static inline vf vexp(vf x) {
+    vi keep = x >= splat(-87.33f); /* false for NaN and below the range */
+    vi nan = x != x;
+    vf xc = vbits(keep & ibits(x)); /* 0 where not kept: no special values in the arithmetic below */
+    vf t = xc * splat(1.44269504088896341f) + splat(12582912.0f); /* round to nearest integer */
+    vf n = t - splat(12582912.0f);
+    vf r = xc - n * splat(0.693359375f);
+    r = r - n * splat(-2.12194440e-4f);
+    vf p = splat(1.9875691500e-4f);
+    p = p * r + splat(1.3981999507e-3f);
+    p = p * r + splat(8.3334519073e-3f);
+    p = p * r + splat(4.1665795894e-2f);
+    p = p * r + splat(1.6666665459e-1f);
+    p = p * r + splat(5.0000001201e-1f);
+    p = p * (r * r) + r + splat(1.0f);
+    vf y = p * pow2i(__builtin_convertvector(n, vi)); /* n in [-126, 0] */
+    y = vbits(ibits(y) & keep);
+    return vbits((ibits(y) & ~nan) | (ibits(x) & nan));
+}
+
+/* lane-wise maximum that keeps NaN: once a lane holds NaN it stays NaN */
+static inline vf vmax(vf m, vf x) {
+    vi take = (x > m) | (x != x);
+    return vbits((take & ibits(x)) | (~take & ibits(m)));
+}
+
+/* horizontal maximum (NaN if a lane is NaN) and sum, as log2(VW) folds */
+static inline float hmax(vf v) {
+    for (int f = 0; f < NFOLDS; f++) v = vmax(v, __builtin_shuffle(v, FOLDS[f]));
+    return v[0];
+}
+
+static inline float hsum(vf v) {
+    for (int f = 0; f < NFOLDS; f++) v += __builtin_shuffle(v, FOLDS[f]);
+    return v[0];
+}
+
+/* VW floats of p from column col of a row of n: a full load, the row's tail padded with fill, or fill alone */
+static inline vf load_cols(const float *p, int64_t col, int64_t n, float fill) {
+    vf x;
+    if (col + VW <= n) {
+        memcpy(&x, p + col, sizeof(vf));
+        return x;
+    }
+    x = splat(fill);
+    for (int64_t i = col; i < n; i++) x[i - col] = p[i];
+    return x;
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN stays a quiet NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* One (window, head) in fp32: qp (n rounded up to ROWS, d) queries already multiplied by the scale, rows beyond n
+ * zero; kt (d, np) keys transposed, columns beyond n zero; vp (n, dp) values, columns beyond d zero; pos (n, n) the
+ * head's position bias and mask (n, n) the window's shift mask, or NULL.
+ * Writes the (n, dp) attention output to out. scores: ROWS * np floats of scratch. */
+static void attend_unit(const float *qp, const float *kt, const float *vp, const float *pos, const float *mask,
+                        int64_t n, int64_t d, int64_t np, int64_t dp, float *scores, float *out) {
+    const float inf = __builtin_inff();
+    for (int64_t i0 = 0; i0 < n; i0 += ROWS) {
+        const int rows = n - i0 < ROWS ? (int)(n - i0) : ROWS;
+        vf rmax[ROWS];
+        for (int r = 0; r < ROWS; r++) rmax[r] = splat(-inf);
+        /* scores + bias of ROWS query rows, KV * VW columns at a time (columns beyond n: -inf), with their maxima */
+        for (int64_t c0 = 0; c0 < np; c0 += KV * VW) {
+            vf acc[ROWS][KV];
+            for (int r = 0; r < ROWS; r++)
+                for (int j = 0; j < KV; j++) acc[r][j] = splat(0.0f);
+            for (int64_t c = 0; c < d; c++) {
+                const float *krow = kt + c * np + c0;
+                vf kv[KV];
+                for (int j = 0; j < KV; j++) memcpy(&kv[j], krow + j * VW, sizeof(vf));
+                for (int r = 0; r < ROWS; r++) {
+                    vf qs = splat(qp[(i0 + r) * d + c]);
+                    for (int j = 0; j < KV; j++) acc[r][j] += qs * kv[j];
+                }
+            }
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < KV; j++) {
+                    const int64_t col = c0 + j * VW, row = (i0 + r) * n;
+                    vf sv = acc[r][j] + load_cols(pos + row, col, n, -inf);
+                    if (mask != NULL) sv += load_cols(mask + row, col, n, 0.0f);
+                    rmax[r] = vmax(rmax[r], sv);
+                    memcpy(scores + r * np + c0 + j * VW, &sv, sizeof(vf));
+                }
+        }
+        /* softmax numerators in place: exp(-inf) = 0 for the padded columns; a NaN or infinite maximum gives a NaN
+         * row, as the formulation */
+        float sums[ROWS];
+        for (int r = 0; r < ROWS; r++) {
+            sums[r] = 1.0f;
+            if (r >= rows) continue;
+            float *s = scores + r * np;
+            const vf mx = splat(hmax(rmax[r]));
+            vf sum = splat(0.0f);
+            for (int64_t j = 0; j < np; j += VW) {
+                vf x;
+                memcpy(&x, s + j, sizeof(vf));
+                x = vexp(x - mx);
+                sum += x;
+                memcpy(s + j, &x, sizeof(vf));
+            }
+            sums[r] = hsum(sum);
+        }
+        /* numerators x values, DV * VW dims at a time, divided by the row's sum */
+        for (int64_t c0 = 0; c0 < dp; c0 += DV * VW) {
+            vf acc[ROWS][DV];
+            for (int r = 0; r < ROWS; r++)
+                for (int j = 0; j < DV; j++) acc[r][j] = splat(0.0f);
+            for (int64_t t = 0; t < n; t++) {
+                const float *vrow = vp + t * dp + c0;
+                vf vv[DV];
+                for (int j = 0; j < DV; j++) memcpy(&vv[j], vrow + j * VW, sizeof(vf));
+                for (int r = 0; r < ROWS; r++) {
+                    vf ps = splat(scores[r * np + t]);
+                    for (int j = 0; j < DV; j++) acc[r][j] += ps * vv[j];
+                }
+            }
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < DV; j++) {
+                    vf o = acc[r][j] / splat(sums[r]);
+                    memcpy(out + (i0 + r) * dp + c0 + j * VW, &o, sizeof(vf));
+                }
+        }
+    }
+}
+
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b)
+
+#define T float
+#define SUFFIX f32
+#define LOAD(p, i) ((p)[i])
+#define STORE(p, i, x) ((p)[i] = (x))
+#include "window_attention_impl.h"
+#undef T
+#undef SUFFIX
+#undef LOAD
+#undef STORE
+
+#define T uint16_t
+#define SUFFIX bf16
+#define LOAD(p, i) bf16_to_f32((p)[i])
+#define STORE(p, i, x) ((p)[i] = f32_to_bf16(x))
+#include "window_attention_impl.h"
+#undef T
+#undef SUFFIX
+#undef LOAD
+#undef STORE

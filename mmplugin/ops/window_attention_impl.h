@@ -1,0 +1,53 @@
+/* The entry point of window_attention.c for one element type T (float or bf16 bits), with LOAD / STORE converting
+ * to and from fp32; included once per type. A call handles the windows [begin, end), split over the OpenMP threads
+ * (torch's own, where the library shares torch's OpenMP runtime): every head of a window is packed in one pass over
+ * the window's rows (which lie together in a fused qkv projection's output), attended, and written back row by row.
+ * Returns 0, or 1 when a thread's scratch buffer cannot be allocated. */
+int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, int64_t q_w, int64_t q_h, int64_t q_n,
+                                            int64_t k_w, int64_t k_h, int64_t k_n, int64_t v_w, int64_t v_h,
+                                            int64_t v_n, const float *pos, const float *mask, int64_t nw,
+                                            int64_t heads, int64_t n, int64_t d, float scale, T *out, int64_t begin,
+                                            int64_t end) {
+    const int64_t np = round_up(n, KV * VW), dp = round_up(d, DV * VW), nq = round_up(n, ROWS);
+    const int64_t per_head = nq * d + d * np + n * dp + n * dp; /* queries, keys transposed, values, results */
+    const int64_t floats = heads * per_head + ROWS * np;
+    int failed = 0;
+#pragma omp parallel
+    {
+    float *buf = (float *)malloc((size_t)floats * sizeof(float));
+    if (buf == NULL) {
+#pragma omp atomic write
+        failed = 1;
+    } else
+        memset(buf, 0, (size_t)floats * sizeof(float)); /* the padding rows and columns stay zero */
+    float *scores = buf + heads * per_head;
+#pragma omp for schedule(static)
+    for (int64_t w = begin; w < end; w++) {
+        if (buf == NULL) continue;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t h = 0; h < heads; h++) {
+                float *restrict qp = buf + h * per_head + i * d, *restrict kt = buf + h * per_head + nq * d + i,
+                                *restrict vp = buf + h * per_head + nq * d + d * np + i * dp;
+                const T *restrict qi = q + w * q_w + h * q_h + i * q_n, *restrict ki = k + w * k_w + h * k_h + i * k_n,
+                                  *restrict vi = v + w * v_w + h * v_h + i * v_n;
+                for (int64_t c = 0; c < d; c++) qp[c] = LOAD(qi, c) * scale;
+                for (int64_t c = 0; c < d; c++) vp[c] = LOAD(vi, c);
+                for (int64_t c = 0; c < d; c++) kt[c * np] = LOAD(ki, c);
+            }
+        const float *mw = mask == NULL ? NULL : mask + (w % nw) * n * n;
+        for (int64_t h = 0; h < heads; h++) {
+            float *qp = buf + h * per_head, *kt = qp + nq * d, *vp = kt + d * np, *res = vp + n * dp;
+            attend_unit(qp, kt, vp, pos + h * n * n, mw, n, d, np, dp, scores, res);
+        }
+        T *o = out + w * n * heads * d;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t h = 0; h < heads; h++) {
+                const float *restrict res = buf + h * per_head + nq * d + d * np + n * dp + i * dp;
+                T *restrict oi = o + (i * heads + h) * d;
+                for (int64_t c = 0; c < d; c++) STORE(oi, c, res[c]);
+            }
+    }
+    free(buf);
+    }
+    return failed;
+}

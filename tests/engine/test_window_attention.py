@@ -1,0 +1,153 @@
+"""The fused window-attention kernel (``mmplugin.ops.window_attention``) against the float64 formulation
+``softmax(scale * q k^T + pos + mask) v``: fp32 within a bound from the products' lengths, bf16 inputs within bf16
+rounding, every vector ISA build (AVX-512, AVX2, generic), the strided views of a fused qkv projection, shift masks
+shared image-major over a batch, non-finite values reaching exactly the outputs the formulation reaches, and the
+cases it leaves to SDPA."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from mmplugin.ops import build
+from mmplugin.ops import window_attention as wa
+from mmplugin.utils.numerics import rel_error
+
+U_FP32 = 2.0**-24
+U_BF16 = 2.0**-8
+
+
+def reference(q, k, v, pos, mask, scale):
+    """The formulation in float64: ``(B*nW, heads, N, d)`` -> ``(B*nW, N, heads * d)``."""
+    bw, heads, n, d = q.shape
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale + pos.double().reshape(1, heads, n, n)
+    if mask is not None:
+        nw = mask.shape[0]
+        s = (s.view(bw // nw, nw, heads, n, n) + mask.double()[None, :, None]).view(bw, heads, n, n)
+    return (s.softmax(-1) @ v.double()).transpose(1, 2).reshape(bw, n, heads * d)
+
+
+def qkv_views(bw, heads, n, d, seed=0, dtype=torch.float32):
+    """q, k, v as views of a fused projection's output ``(B*nW, N, 3 * heads * d)``, as Swin's blocks make them."""
+    g = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(bw, n, 3, heads, d, generator=g).to(dtype)
+    return qkv.permute(2, 0, 3, 1, 4)
+
+
+def shift_mask(nw, n, seed=0):
+    """A shift mask like Swin's: -100 between tokens of different regions, 0 within one."""
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 3, (nw, n), generator=g)
+    return (labels[:, :, None] != labels[:, None, :]).float() * -100.0
+
+
+def _bound(n, d, dtype):
+    """Relative to the output's largest magnitude: the scores' d-term sums and the values' n-term sums each contribute
+    at most their length times u (deterministic worst case, no cancellation assumed), the softmax a few u more; bf16
+    adds the rounding of its three inputs (relative u each, through the softmax's Lipschitz factor, times the spread
+    of the scores: a generous 16) and of the output."""
+    fp32 = (d + n + 16) * U_FP32
+    return fp32 if dtype == torch.float32 else fp32 + 16 * U_BF16
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize('shape', [(12, 3, 49, 32, 4), (6, 2, 64, 32, 1), (4, 2, 144, 32, 2), (5, 3, 10, 5, 1),
+                                   (3, 1, 1, 16, 1)])
+def test_kernel_equals_the_formulation(shape, dtype):
+    """Swin's 7x7 windows with a shift mask over a batch of 3 images, V2's 8x8 and 12x12 windows, a head dimension
+    and a token count that fill no vector, and a single-token window."""
+    bw, heads, n, d, nw = shape
+    q, k, v = qkv_views(bw, heads, n, d, seed=bw, dtype=dtype)
+    pos = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(1)) * 2
+    mask = shift_mask(nw, n) if nw > 1 else None
+    with torch.no_grad():
+        got = wa.window_attention(q, k, v, pos, mask, d**-0.5)
+    assert got is not None and got.dtype == dtype and got.shape == (bw, n, heads * d)
+    ref = reference(q, k, v, pos, mask, d**-0.5)
+    assert rel_error(got.double(), ref) <= _bound(n, d, dtype)
+
+
+def _isa_lib(isa):
+    try:
+        lib = build.load_kernels('window_attention', isa)
+    except build.KernelUnavailable as e:
+        pytest.skip(f'no {isa} build: {e}')
+    fn = lib.mmplugin_window_attention_f32
+    fn.argtypes, fn.restype = wa._ARGS, ctypes.c_int
+    return fn
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize('isa', list(build.ISA_FLAGS))
+def test_every_isa_build_computes_the_same_function(isa):
+    """Each vector width (16, 8, 4 floats) is its own build; the CPU may only run the ones it supports."""
+    needs = {'AVX512': torch.cpu._is_avx512_supported(), 'AVX2': torch.cpu._is_avx2_supported(), 'DEFAULT': True}
+    if not needs[isa]:
+        pytest.skip(f'this CPU cannot run {isa} code')
+    fn = _isa_lib(isa)
+    bw, heads, n, d = 8, 3, 49, 32
+    q, k, v = qkv_views(bw, heads, n, d, seed=3)
+    pos, mask = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(2)), shift_mask(4, n)
+    out = torch.empty(bw, n, heads * d)
+    assert fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+              pos.data_ptr(), mask.data_ptr(), 4, heads, n, d, d**-0.5, out.data_ptr(), 0, bw) == 0
+    assert rel_error(out.double(), reference(q, k, v, pos, mask, d**-0.5)) <= _bound(n, d, torch.float32)
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize('masked', [False, True])
+@pytest.mark.parametrize('where', ['q', 'k', 'v', 'pos'])
+@pytest.mark.parametrize('value', [float('nan'), float('inf'), float('-inf')])
+def test_nonfinite_values_reach_the_formulations_outputs(where, value, masked):
+    """One non-finite entry: the outputs that are NaN, +inf or -inf are exactly the float64 formulation's. With a
+    shift mask, an infinite value meets the masked keys' weights (exp of about -100: tiny in float64, subnormal or
+    zero in fp32 depending on the exp implementation: torch's differ by ISA, the kernel flushes subnormals), so
+    inf x weight is inf or NaN by precision: there the non-finite outputs are the formulation's, NaN or inf."""
+    bw, heads, n, d = 4, 2, 49, 32
+    q, k, v = (t.clone() for t in qkv_views(bw, heads, n, d, seed=5))
+    pos = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(6))
+    mask = shift_mask(2, n) if masked else None
+    target = dict(q=q, k=k, v=v, pos=pos)[where]
+    target[(1, 1, 7, 3) if target.dim() == 4 else (1, 7, 3)] = value
+    with torch.no_grad():
+        got = wa.window_attention(q, k, v, pos, mask, d**-0.5)
+    ref = reference(q, k, v, pos, mask, d**-0.5)
+    tests = (torch.isnan, torch.isposinf, torch.isneginf)
+    if masked and where == 'v' and abs(value) == float('inf'):
+        tests = (torch.isfinite, )
+    for test in tests:
+        assert torch.equal(test(got), test(ref)), (where, value, test.__name__)
+    finite = torch.isfinite(ref)
+    assert finite.any() and rel_error(got.double()[finite], ref[finite].double()) <= _bound(n, d, torch.float32)
+
+
+def test_left_to_sdpa_where_it_does_not_apply():
+    """Autograd, dropout, fp16 / float64, and mixed dtypes get None (the caller runs SDPA)."""
+    q, k, v = qkv_views(2, 2, 49, 32)
+    pos = torch.zeros(2, 49, 49)
+    assert wa.window_attention(q.requires_grad_(), k, v, pos, None) is None  # grad mode on, a leaf needing grad
+    q = q.detach()
+    assert not wa.fast_kernel_applies(q, k, v, dropout=0.1)
+    assert wa.window_attention(q.half(), k.half(), v.half(), pos, None) is None
+    assert wa.window_attention(q.double(), k.double(), v.double(), pos, None) is None
+    assert wa.window_attention(q, k, v.bfloat16(), pos, None) is None
+    with pytest.raises(ValueError, match='mask of shape'):
+        wa.window_attention(q, k, v, pos, torch.zeros(3, 49, 49))
+
+
+def test_threads_do_not_change_a_bit():
+    """Windows are split over the OpenMP threads; each window's arithmetic is the same on any thread count."""
+    q, k, v = qkv_views(24, 3, 49, 32, seed=7)
+    pos, mask = torch.randn(3, 49, 49, generator=torch.Generator().manual_seed(3)), shift_mask(6, 49)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 3):
+            torch.set_num_threads(threads)
+            with torch.no_grad():
+                outs.append(wa.window_attention(q, k, v, pos, mask))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1])
