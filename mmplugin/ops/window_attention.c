@@ -13,6 +13,8 @@
  * position bias and mask the (nw, N, N) shift mask or NULL, both contiguous fp32, window w using mask[w % nw] (the
  * windows of a batch are image-major); out is (windows, N, heads * d) contiguous, the layout the output projection
  * reads.
+ * Swin V2's cosine attention: with cosine (heads floats, the per-head logit scale) q and k rows are normalised as
+ * F.normalize does, x / max(|x|_2, 1e-12), in fp32, and q is multiplied by its head's scale (times scale).
  * Element types: fp32 (suffix f32) and bf16 (suffix bf16: loaded into fp32, computed in fp32, rounded to nearest
  * even on the store).
  *
@@ -26,6 +28,7 @@
  * Parallel: a call handles the windows [begin, end), so callers split the windows over threads; each window writes
  * its own output rows.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,18 +121,6 @@ static inline float hsum(vf v) {
     return v[0];
 }
 
-/* VW floats of p from column col of a row of n: a full load, the row's tail padded with fill, or fill alone */
-static inline vf load_cols(const float *p, int64_t col, int64_t n, float fill) {
-    vf x;
-    if (col + VW <= n) {
-        memcpy(&x, p + col, sizeof(vf));
-        return x;
-    }
-    x = splat(fill);
-    for (int64_t i = col; i < n; i++) x[i - col] = p[i];
-    return x;
-}
-
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t bits = (uint32_t)h << 16;
     float f;
@@ -148,11 +139,11 @@ static inline uint16_t f32_to_bf16(float f) {
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 /* One (window, head) in fp32: qp (n rounded up to ROWS, d) queries already multiplied by the scale, rows beyond n
- * zero; kt (d, np) keys transposed, columns beyond n zero; vp (n, dp) values, columns beyond d zero; pos (n, n) the
- * head's position bias and mask (n, n) the window's shift mask, or NULL.
+ * zero; kt (d, np) keys transposed, columns beyond n zero; vp (n, dp) values, columns beyond d zero; bias (n, np)
+ * the head's position bias plus the window's shift mask, columns beyond n -inf.
  * Writes the (n, dp) attention output to out. scores: ROWS * np floats of scratch. */
-static void attend_unit(const float *qp, const float *kt, const float *vp, const float *pos, const float *mask,
-                        int64_t n, int64_t d, int64_t np, int64_t dp, float *scores, float *out) {
+static void attend_unit(const float *qp, const float *kt, const float *vp, const float *bias, int64_t n, int64_t d,
+                        int64_t np, int64_t dp, float *scores, float *out) {
     const float inf = __builtin_inff();
     for (int64_t i0 = 0; i0 < n; i0 += ROWS) {
         const int rows = n - i0 < ROWS ? (int)(n - i0) : ROWS;
@@ -174,9 +165,9 @@ static void attend_unit(const float *qp, const float *kt, const float *vp, const
             }
             for (int r = 0; r < rows; r++)
                 for (int j = 0; j < KV; j++) {
-                    const int64_t col = c0 + j * VW, row = (i0 + r) * n;
-                    vf sv = acc[r][j] + load_cols(pos + row, col, n, -inf);
-                    if (mask != NULL) sv += load_cols(mask + row, col, n, 0.0f);
+                    vf b;
+                    memcpy(&b, bias + (i0 + r) * np + c0 + j * VW, sizeof(vf));
+                    vf sv = acc[r][j] + b;
                     rmax[r] = vmax(rmax[r], sv);
                     memcpy(scores + r * np + c0 + j * VW, &sv, sizeof(vf));
                 }

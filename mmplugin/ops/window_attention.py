@@ -26,7 +26,7 @@ from mmplugin.ops.build import KernelUnavailable, cpu_isa, load_kernels
 __all__ = ['window_attention', 'fast_kernel_applies']
 
 _SUFFIX = {torch.float32: 'f32', torch.bfloat16: 'bf16'}
-_ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 9 + [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 4 + [
+_ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 9 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [
     ctypes.c_float, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
 _libs: dict[str, ctypes.CDLL | None] = {}
 
@@ -60,8 +60,10 @@ def fast_kernel_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropo
 
 
 def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
-                     scale: float | None = None) -> torch.Tensor | None:
+                     scale: float | None = None, cosine: torch.Tensor | None = None) -> torch.Tensor | None:
     """``softmax(scale * q k^T + pos + mask) v`` with the heads merged, or None where the kernel does not apply.
+    With ``cosine`` (Swin V2), ``q`` and ``k`` are normalised first and ``q`` scaled per head:
+    ``q <- F.normalize(q) * cosine``, ``k <- F.normalize(k)``.
 
     Args:
         q, k, v: ``(B*nW, heads, N, d)``, windows image-major (window ``w`` of the batch is window ``w % nW`` of its
@@ -69,6 +71,7 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
         pos: the position bias, ``(heads, N, N)`` or ``(1, heads, N, N)`` (fp32 or bf16; added in fp32).
         mask: the shift mask ``(nW, N, N)`` or None; nW must divide the window count.
         scale: factor of ``q k^T`` (default ``d ** -0.5``).
+        cosine: the per-head logit scale, ``heads`` values (any shape), or None.
 
     Returns ``(B*nW, N, heads * d)`` in ``q``'s dtype.
     """
@@ -84,10 +87,15 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
         mask = mask.float().contiguous()
         if mask.dim() != 3 or mask.shape[1:] != (n, n) or bw % mask.shape[0]:
             raise ValueError(f'window attention: mask of shape {tuple(mask.shape)} for {bw} windows of {n} tokens')
+    if cosine is not None:
+        if (torch.is_grad_enabled() and cosine.requires_grad) or cosine.numel() != heads:
+            return None
+        cosine = cosine.detach().float().reshape(heads).contiguous()
     out = q.new_empty(bw, n, heads * d)
     fn = getattr(_kernels(), f'mmplugin_window_attention_{_SUFFIX[q.dtype]}')
     args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-            pos.data_ptr(), None if mask is None else mask.data_ptr(), 1 if mask is None else mask.shape[0], heads, n,
+            pos.data_ptr(), None if mask is None else mask.data_ptr(), None if cosine is None else cosine.data_ptr(),
+            1 if mask is None else mask.shape[0], heads, n,
             d, d**-0.5 if scale is None else float(scale), out.data_ptr())
     with torch.profiler.record_function('mmplugin::window_attention'):  # named in profiles (the speed notes use it)
         failed = fn(*args, 0, bw)  # parallel inside, on the OpenMP threads

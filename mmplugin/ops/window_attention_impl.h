@@ -5,12 +5,12 @@
  * Returns 0, or 1 when a thread's scratch buffer cannot be allocated. */
 int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, int64_t q_w, int64_t q_h, int64_t q_n,
                                             int64_t k_w, int64_t k_h, int64_t k_n, int64_t v_w, int64_t v_h,
-                                            int64_t v_n, const float *pos, const float *mask, int64_t nw,
+                                            int64_t v_n, const float *pos, const float *mask, const float *cosine, int64_t nw,
                                             int64_t heads, int64_t n, int64_t d, float scale, T *out, int64_t begin,
                                             int64_t end) {
     const int64_t np = round_up(n, KV * VW), dp = round_up(d, DV * VW), nq = round_up(n, ROWS);
     const int64_t per_head = nq * d + d * np + n * dp + n * dp; /* queries, keys transposed, values, results */
-    const int64_t floats = heads * per_head + ROWS * np;
+    const int64_t floats = heads * per_head + heads * n * np + ROWS * np;
     int failed = 0;
 #pragma omp parallel
     {
@@ -18,9 +18,12 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
     if (buf == NULL) {
 #pragma omp atomic write
         failed = 1;
-    } else
+    } else {
         memset(buf, 0, (size_t)floats * sizeof(float)); /* the padding rows and columns stay zero */
-    float *scores = buf + heads * per_head;
+        for (int64_t row = 0; row < heads * n; row++)      /* the bias's padding columns stay -inf */
+            for (int64_t j = n; j < np; j++) buf[heads * per_head + row * np + j] = -__builtin_inff();
+    }
+    float *bias = buf + heads * per_head, *scores = bias + heads * n * np;
 #pragma omp for schedule(static)
     for (int64_t w = begin; w < end; w++) {
         if (buf == NULL) continue;
@@ -30,14 +33,40 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
                                 *restrict vp = buf + h * per_head + nq * d + d * np + i * dp;
                 const T *restrict qi = q + w * q_w + h * q_h + i * q_n, *restrict ki = k + w * k_w + h * k_h + i * k_n,
                                   *restrict vi = v + w * v_w + h * v_h + i * v_n;
-                for (int64_t c = 0; c < d; c++) qp[c] = LOAD(qi, c) * scale;
                 for (int64_t c = 0; c < d; c++) vp[c] = LOAD(vi, c);
-                for (int64_t c = 0; c < d; c++) kt[c * np] = LOAD(ki, c);
+                if (cosine == NULL) {
+                    for (int64_t c = 0; c < d; c++) qp[c] = LOAD(qi, c) * scale;
+                    for (int64_t c = 0; c < d; c++) kt[c * np] = LOAD(ki, c);
+                } else { /* F.normalize's x / max(|x|, 1e-12), q then times the head's logit scale */
+                    float qq = 0.0f, kk = 0.0f;
+                    for (int64_t c = 0; c < d; c++) {
+                        qp[c] = LOAD(qi, c);
+                        qq += qp[c] * qp[c];
+                        kt[c * np] = LOAD(ki, c);
+                        kk += kt[c * np] * kt[c * np];
+                    }
+                    float qn = sqrtf(qq), kn = sqrtf(kk), s = cosine[h] * scale;
+                    qn = qn < 1e-12f ? 1e-12f : qn; /* NaN stays NaN */
+                    kn = kn < 1e-12f ? 1e-12f : kn;
+                    for (int64_t c = 0; c < d; c++) qp[c] = qp[c] / qn * s;
+                    for (int64_t c = 0; c < d; c++) kt[c * np] = kt[c * np] / kn;
+                }
             }
         const float *mw = mask == NULL ? NULL : mask + (w % nw) * n * n;
+        for (int64_t h = 0; h < heads; h++) /* position bias + this window's mask, rows padded to np columns */
+            for (int64_t i = 0; i < n; i++) {
+                float *restrict b = bias + (h * n + i) * np;
+                const float *restrict p = pos + (h * n + i) * n;
+                if (mw == NULL)
+                    memcpy(b, p, (size_t)n * sizeof(float));
+                else {
+                    const float *restrict m = mw + i * n;
+                    for (int64_t j = 0; j < n; j++) b[j] = p[j] + m[j];
+                }
+            }
         for (int64_t h = 0; h < heads; h++) {
             float *qp = buf + h * per_head, *kt = qp + nq * d, *vp = kt + d * np, *res = vp + n * dp;
-            attend_unit(qp, kt, vp, pos + h * n * n, mw, n, d, np, dp, scores, res);
+            attend_unit(qp, kt, vp, bias + h * n * np, n, d, np, dp, scores, res);
         }
         T *o = out + w * n * heads * d;
         for (int64_t i = 0; i < n; i++)

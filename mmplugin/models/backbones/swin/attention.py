@@ -93,12 +93,19 @@ def _split_heads(qkv: torch.Tensor, heads: int):
 
 
 def _attend(q, k, v, pos: torch.Tensor, mask: torch.Tensor | None, b: int, scale: float | None,
-            dropout: float = 0.0) -> torch.Tensor:
+            dropout: float = 0.0, cosine: torch.Tensor | None = None) -> torch.Tensor:
     """SDPA over windows. ``pos``: the ``(1, heads, N, N)`` position bias; ``mask``: the ``(nW, N, N)`` shift mask
-    or None, shared by the ``b`` images of the batch; ``dropout`` on the attention probabilities (training only).
+    or None, shared by the ``b`` images of the batch; ``dropout`` on the attention probabilities (training only);
+    ``cosine``: V2's per-head logit scale ``(heads, 1, 1)``, for queries and keys not yet normalised.
     The branch is on whether there is a mask (never on a size), so a traced graph serves every batch and window
     count; for ``b == 1`` the expand-reshape is a view."""
     bw, heads, n, d = q.shape
+    if cosine is not None:
+        out = None if dropout else window_attention(q, k, v, pos, mask, scale, cosine)  # normalises inside
+        if out is not None:
+            return out
+        # fp16: normalised in fp32 (a zero padding token's norm is 0, and fp16 has no 1e-12 epsilon)
+        q, k = fp32_normalize(q, scale=cosine), fp32_normalize(k)
     if _explicit_for_training(q, pos):
         return _attend_explicit(q, k, v, pos, mask, b, scale, dropout)
     if not dropout:
@@ -179,9 +186,10 @@ class WindowAttentionBase(nn.Module):
         self.attn_drop = attn_drop
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def queries_keys_values(self, win: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]:
-        """``(B*nW, N, C)`` windows -> ``q, k, v`` of shape ``(B*nW, heads, N, d)`` and the scale of ``q k^T``
-        (None: SDPA's ``d ** -0.5``)."""
+    def queries_keys_values(self, win: torch.Tensor):
+        """``(B*nW, N, C)`` windows -> ``q, k, v`` of shape ``(B*nW, heads, N, d)``, the scale of ``q k^T``
+        (None: SDPA's ``d ** -0.5``) and, for cosine attention, the per-head logit scale ``(heads, 1, 1)`` by which
+        the normalised queries are multiplied (else None; q and k are then used as they are)."""
         raise NotImplementedError
 
     def position_bias(self, ws: int | None = None) -> torch.Tensor:
@@ -198,9 +206,9 @@ class WindowAttentionBase(nn.Module):
         tokens."""
         b = x.shape[0]
         win = geom.partition(x)
-        q, k, v, scale = self.queries_keys_values(win)
+        q, k, v, scale, cosine = self.queries_keys_values(win)
         pos = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
-        out = _attend(q, k, v, pos, geom.mask, b, scale, self.attn_drop if self.training else 0.0)
+        out = _attend(q, k, v, pos, geom.mask, b, scale, self.attn_drop if self.training else 0.0, cosine)
         if (residual is not None and not (self.training and self.proj_drop.p > 0)
                 and can_fuse_onednn(out, self.proj.weight)):
             return linear_add(geom.reverse(out, b), self.proj, residual)
@@ -232,7 +240,7 @@ class WindowAttention(WindowAttentionBase):
 
     def queries_keys_values(self, win: torch.Tensor):
         q, k, v = _split_heads(linear(win, self.qkv), self.num_heads)
-        return q, k, v, self.scale
+        return q, k, v, self.scale, None
 
     def position_bias(self, ws: int | None = None) -> torch.Tensor:
         """Gathered from the learnt table; a window smaller than the configured one reads the table's centre."""
@@ -276,15 +284,14 @@ class WindowAttentionV2(WindowAttentionBase):
         return log_spaced_coords(ws, coordinate_window(self.pretrained_window_size, ws))
 
     def queries_keys_values(self, win: torch.Tensor):
-        """Cosine attention: unit-norm q (times the clamped per-head logit scale) and k; SDPA then runs with
-        ``scale=1``."""
+        """Cosine attention: q and k as projected, with the clamped per-head logit scale that multiplies the
+        unit-norm q; the attention then runs with ``scale=1``."""
         bias = None
         if self.q_bias is not None:
             bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias), self.v_bias))
         q, k, v = _split_heads(linear(win, self.qkv, self.qkv.weight, bias), self.num_heads)
         scale = torch.exp(torch.clamp(self.logit_scale, max=math.log(100.0)))  # (heads, 1, 1): at most 100
-        # fp16: normalised in fp32 (a zero padding token's norm is 0, and fp16 has no 1e-12 epsilon)
-        return fp32_normalize(q, scale=scale), fp32_normalize(k), v, 1.0
+        return q, k, v, 1.0, scale  # normalised in _attend (inside the fused kernel where it runs)
 
     def position_bias(self, ws: int | None = None) -> torch.Tensor:
         """From the CPB MLP; a smaller window on a small map (``pad_small_map=False``) gets its own coordinates,
