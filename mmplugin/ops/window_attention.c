@@ -13,6 +13,11 @@
  * position bias and mask the (nw, N, N) shift mask or NULL, both contiguous fp32, window w using mask[w % nw] (the
  * windows of a batch are image-major); out is (windows, N, heads * d) contiguous, the layout the output projection
  * reads.
+ * Gathered from the map (rows != NULL): q, k, v point at the (images * img_rows, ...) rows of a projection computed
+ * on the unwindowed map (window and head strides unused, the token stride is the row stride); rows (nw, N) gives each
+ * window token's row within its image (the cyclic shift included), -1 for a padding token, whose q, k, v are pad's
+ * (the projection of a zero token, laid out as a map row); out is then the (images * img_rows, heads * d) map, each
+ * real token written once, in place of the window partition and its reverse.
  * Swin V2's cosine attention: with cosine (heads floats, the per-head logit scale) q and k rows are normalised as
  * F.normalize does, x / max(|x|_2, 1e-12), in fp32, and q is multiplied by its head's scale (times scale).
  * Element types: fp32 (suffix f32) and bf16 (suffix bf16: loaded into fp32, computed in fp32, rounded to nearest

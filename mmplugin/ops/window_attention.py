@@ -23,11 +23,11 @@ import torch
 
 from mmplugin.ops.build import KernelUnavailable, cpu_isa, load_kernels
 
-__all__ = ['window_attention', 'fast_kernel_applies']
+__all__ = ['window_attention', 'map_window_attention', 'fast_kernel_applies']
 
 _SUFFIX = {torch.float32: 'f32', torch.bfloat16: 'bf16'}
 _ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 9 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [
-    ctypes.c_float, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+    ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
 _libs: dict[str, ctypes.CDLL | None] = {}
 
 
@@ -82,23 +82,75 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     if not fast_kernel_applies(q, k, v) or (torch.is_grad_enabled() and pos.requires_grad):
         return None
     bw, heads, n, d = q.shape
+    out = q.new_empty(bw, n, heads * d)
+    return _run(q, k, v, pos, mask, scale, cosine, out, bw, mask.shape[0] if mask is not None else 1)
+
+
+def map_window_attention(qkv: torch.Tensor, pad: torch.Tensor, rows: torch.Tensor, heads: int, pos: torch.Tensor,
+                         mask: torch.Tensor | None, scale: float | None = None,
+                         cosine: torch.Tensor | None = None) -> torch.Tensor | None:
+    """:func:`window_attention` with the windows gathered from the map and the output written back to it: the
+    partition and its reverse (two copies of the map) are replaced by the kernel's own reads and writes, and the
+    projection runs on the map's real tokens only.
+
+    Args:
+        qkv: ``(B, L, 3C)`` projection of the map's ``L = H * W`` tokens (row stride free, channels contiguous).
+        pad: ``(3C,)`` the projection of a zero token, which the padding tokens of the windows hold.
+        rows: ``(nW, N)`` int64, each window token's row in its image's map (the cyclic shift included), -1 for
+            padding; every row appears exactly once.
+        heads, pos, mask, scale, cosine: as :func:`window_attention`.
+
+    Returns ``(B, L, C)`` in ``qkv``'s dtype, or None where the kernel does not apply.
+    """
+    c3 = qkv.shape[-1]
+    q, k, v = (qkv[..., i * c3 // 3:(i + 1) * c3 // 3].unflatten(-1, (heads, -1)) for i in range(3))
+    if qkv.dim() != 3 or not qkv.is_contiguous():
+        return None
+    b, length = qkv.shape[:2]
+    nw, n = rows.shape
+    # (B, L, heads, d) views: token stride = row stride, head stride = d; the window stride is unused
+    q4, k4, v4 = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, L, d): the stride layout window_attention reads
+    if not fast_kernel_applies(q4, k4, v4):
+        return None
+    if pad.dtype != qkv.dtype or pad.shape != (c3, ) or rows.dtype != torch.int64 or not rows.is_contiguous():
+        raise ValueError('map window attention: pad must be the (3C,) projection of a zero token in qkv\'s dtype and '
+                         'rows a contiguous int64 (nW, N) tensor')
+    out = qkv.new_empty(b, length, c3 // 3)
+    pad = pad.contiguous()
+    # explicit strides: a size-1 dimension of the views may carry any stride
+    strides = (0, c3 // 3 // heads, c3)
+    return _run(q4, k4, v4, pos, mask, scale, cosine, out, b * nw, nw, rows=rows, pad=pad, image_rows=length,
+                n=n, strides=strides)
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def _run(q, k, v, pos, mask, scale, cosine, out, windows: int, nw: int, rows=None, pad=None, image_rows: int = 0,
+         n: int | None = None, strides: tuple[int, int, int] | None = None) -> torch.Tensor | None:
+    """The kernel call shared by both layouts: checks, fp32 bias and logit scale, the call, its error."""
+    heads, d = q.shape[1], q.shape[3]
+    n = q.shape[2] if n is None else n
+    if torch.is_grad_enabled() and (pos.requires_grad or (cosine is not None and cosine.requires_grad)):
+        return None
     pos = pos.reshape(heads, n, n).float().contiguous()
     if mask is not None:
         mask = mask.float().contiguous()
-        if mask.dim() != 3 or mask.shape[1:] != (n, n) or bw % mask.shape[0]:
-            raise ValueError(f'window attention: mask of shape {tuple(mask.shape)} for {bw} windows of {n} tokens')
+        if mask.dim() != 3 or mask.shape[1:] != (n, n) or windows % mask.shape[0] or mask.shape[0] != nw:
+            raise ValueError(f'window attention: mask of shape {tuple(mask.shape)} for {windows} windows of {n} '
+                             'tokens')
     if cosine is not None:
-        if (torch.is_grad_enabled() and cosine.requires_grad) or cosine.numel() != heads:
-            return None
+        if cosine.numel() != heads:
+            raise ValueError(f'window attention: {cosine.numel()} logit scales for {heads} heads')
         cosine = cosine.detach().float().reshape(heads).contiguous()
-    out = q.new_empty(bw, n, heads * d)
     fn = getattr(_kernels(), f'mmplugin_window_attention_{_SUFFIX[q.dtype]}')
-    args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-            pos.data_ptr(), None if mask is None else mask.data_ptr(), None if cosine is None else cosine.data_ptr(),
-            1 if mask is None else mask.shape[0], heads, n,
-            d, d**-0.5 if scale is None else float(scale), out.data_ptr())
+    qs, ks, vs = (strides, ) * 3 if strides else (q.stride()[:3], k.stride()[:3], v.stride()[:3])
+    args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), *qs, *ks, *vs,
+            pos.data_ptr(), _ptr(mask), _ptr(cosine), nw, heads, n, d, d**-0.5 if scale is None else float(scale),
+            out.data_ptr(), _ptr(rows), _ptr(pad), image_rows)
     with torch.profiler.record_function('mmplugin::window_attention'):  # named in profiles (the speed notes use it)
-        failed = fn(*args, 0, bw)  # parallel inside, on the OpenMP threads
+        failed = fn(*args, 0, windows)  # parallel inside, on the OpenMP threads
     if failed:
         raise MemoryError('window attention: out of memory for the scratch buffers')
     return out

@@ -6,7 +6,8 @@
 int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, int64_t q_w, int64_t q_h, int64_t q_n,
                                             int64_t k_w, int64_t k_h, int64_t k_n, int64_t v_w, int64_t v_h,
                                             int64_t v_n, const float *pos, const float *mask, const float *cosine, int64_t nw,
-                                            int64_t heads, int64_t n, int64_t d, float scale, T *out, int64_t begin,
+                                            int64_t heads, int64_t n, int64_t d, float scale, T *out,
+                                            const int64_t *rows, const T *pad, int64_t img_rows, int64_t begin,
                                             int64_t end) {
     const int64_t np = round_up(n, KV * VW), dp = round_up(d, DV * VW), nq = round_up(n, ROWS);
     const int64_t per_head = nq * d + d * np + n * dp + n * dp; /* queries, keys transposed, values, results */
@@ -27,12 +28,20 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
 #pragma omp for schedule(static)
     for (int64_t w = begin; w < end; w++) {
         if (buf == NULL) continue;
-        for (int64_t i = 0; i < n; i++)
+        for (int64_t i = 0; i < n; i++) {
+            /* the token's q, k and v rows: in the windows' layout, or gathered from the map (padding: pad's row) */
+            const T *qr = q + w * q_w + i * q_n, *kr = k + w * k_w + i * k_n, *vr = v + w * v_w + i * v_n;
+            if (rows != NULL) {
+                const int64_t r = rows[(w % nw) * n + i];
+                const int64_t t = (w / nw) * img_rows + r;
+                qr = r < 0 ? pad : q + t * q_n;
+                kr = r < 0 ? pad + (k - q) : k + t * k_n;
+                vr = r < 0 ? pad + (v - q) : v + t * v_n;
+            }
             for (int64_t h = 0; h < heads; h++) {
                 float *restrict qp = buf + h * per_head + i * d, *restrict kt = buf + h * per_head + nq * d + i,
                                 *restrict vp = buf + h * per_head + nq * d + d * np + i * dp;
-                const T *restrict qi = q + w * q_w + h * q_h + i * q_n, *restrict ki = k + w * k_w + h * k_h + i * k_n,
-                                  *restrict vi = v + w * v_w + h * v_h + i * v_n;
+                const T *restrict qi = qr + h * q_h, *restrict ki = kr + h * k_h, *restrict vi = vr + h * v_h;
                 for (int64_t c = 0; c < d; c++) vp[c] = LOAD(vi, c);
                 if (cosine == NULL) {
                     for (int64_t c = 0; c < d; c++) qp[c] = LOAD(qi, c) * scale;
@@ -52,6 +61,7 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
                     for (int64_t c = 0; c < d; c++) kt[c * np] = kt[c * np] / kn;
                 }
             }
+        }
         const float *mw = mask == NULL ? NULL : mask + (w % nw) * n * n;
         for (int64_t h = 0; h < heads; h++) /* position bias + this window's mask, rows padded to np columns */
             for (int64_t i = 0; i < n; i++) {
@@ -68,13 +78,20 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
             float *qp = buf + h * per_head, *kt = qp + nq * d, *vp = kt + d * np, *res = vp + n * dp;
             attend_unit(qp, kt, vp, bias + h * n * np, n, d, np, dp, scores, res);
         }
-        T *o = out + w * n * heads * d;
-        for (int64_t i = 0; i < n; i++)
+        for (int64_t i = 0; i < n; i++) {
+            /* the token's output row: in the windows' layout, or its map row (padding tokens are not written) */
+            T *o = out + (w * n + i) * heads * d;
+            if (rows != NULL) {
+                const int64_t r = rows[(w % nw) * n + i];
+                if (r < 0) continue;
+                o = out + ((w / nw) * img_rows + r) * heads * d;
+            }
             for (int64_t h = 0; h < heads; h++) {
                 const float *restrict res = buf + h * per_head + nq * d + d * np + n * dp + i * dp;
-                T *restrict oi = o + (i * heads + h) * d;
+                T *restrict oi = o + h * d;
                 for (int64_t c = 0; c < d; c++) STORE(oi, c, res[c]);
             }
+        }
     }
     free(buf);
     }

@@ -114,7 +114,8 @@ def test_every_isa_build_computes_the_same_function(isa):
     pos, mask = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(2)), shift_mask(4, n)
     out = torch.empty(bw, n, heads * d)
     assert fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-              pos.data_ptr(), mask.data_ptr(), None, 4, heads, n, d, d**-0.5, out.data_ptr(), 0, bw) == 0
+              pos.data_ptr(), mask.data_ptr(), None, 4, heads, n, d, d**-0.5, out.data_ptr(), None, None, 0, 0,
+              bw) == 0
     assert rel_error(out.double(), reference(q, k, v, pos, mask, d**-0.5)) <= _bound(n, d, torch.float32)
 
 
@@ -173,3 +174,29 @@ def test_threads_do_not_change_a_bit():
     finally:
         torch.set_num_threads(before)
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_map_layout_gathers_and_scatters_like_partition_and_reverse(dtype):
+    """The map layout (windows read from the map's projection, padding tokens from the zero token's projection,
+    outputs written back to the map) equals the float64 formulation on Swin's own partition and reverse: a 10x13
+    map in 7x7 windows (padded to 14x14), shifted by 3, two images."""
+    from mmplugin.models.backbones.swin.windows import WindowGeometry
+    b, h, w, heads, d = 2, 10, 13, 2, 16
+    c = heads * d
+    g = torch.Generator().manual_seed(11)
+    qkv = torch.randn(b, h * w, 3 * c, generator=g).to(dtype)
+    pad = torch.randn(3 * c, generator=g).to(dtype)
+    geom = WindowGeometry(h, w, 7, 3, torch.device('cpu'))
+    pos = torch.randn(heads, 49, 49, generator=g)
+    with torch.no_grad():
+        got = wa.map_window_attention(qkv, pad, geom.map_rows(), heads, pos, geom.mask)
+    # the reference: pad the map with the padding token's projection, partition, attend in float64, reverse
+    padded = pad.double().expand(b, geom.hp, geom.wp, 3 * c).clone()
+    padded[:, :h, :w] = qkv.double().view(b, h, w, 3 * c)
+    win = padded.reshape(b, geom.hp * geom.wp, 3 * c).index_select(1, geom.fwd).view(-1, 49, 3, heads, d)
+    q, k, v = win.permute(2, 0, 3, 1, 4)
+    ref = geom._reverse(reference(q, k, v, pos, geom.mask, d**-0.5), b).reshape(b, h * w, c)
+    assert got.shape == (b, h * w, c) and got.dtype == dtype
+    assert rel_error(got.double(), ref) <= _bound(49, d, dtype)

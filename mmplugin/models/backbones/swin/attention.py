@@ -37,7 +37,7 @@ from mmplugin.models.backbones.swin.windows import (
 from mmplugin.models.layers.fusion import can_fuse_onednn, linear, linear_add
 from mmplugin.models.layers.precision import fp32_normalize
 from mmplugin.models.layers.recompute import window_softmax, window_softmax_attention
-from mmplugin.ops.window_attention import window_attention
+from mmplugin.ops.window_attention import map_window_attention, window_attention
 
 __all__ = [
     'WindowAttentionBase', 'WindowAttention', 'WindowAttentionV2', 'WindowGeometry', 'coordinate_window',
@@ -186,11 +186,18 @@ class WindowAttentionBase(nn.Module):
         self.attn_drop = attn_drop
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def queries_keys_values(self, win: torch.Tensor):
-        """``(B*nW, N, C)`` windows -> ``q, k, v`` of shape ``(B*nW, heads, N, d)``, the scale of ``q k^T``
-        (None: SDPA's ``d ** -0.5``) and, for cosine attention, the per-head logit scale ``(heads, 1, 1)`` by which
-        the normalised queries are multiplied (else None; q and k are then used as they are)."""
+    def project(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``(..., C)`` tokens -> ``(..., 3C)`` queries, keys and values (heads-major within each third)."""
         raise NotImplementedError
+
+    def attention_scales(self) -> tuple[float | None, torch.Tensor | None]:
+        """The scale of ``q k^T`` (None: SDPA's ``d ** -0.5``) and, for cosine attention, the per-head logit scale
+        ``(heads, 1, 1)`` by which the normalised queries are multiplied (else None: q and k used as they are)."""
+        raise NotImplementedError
+
+    def queries_keys_values(self, win: torch.Tensor):
+        """``(B*nW, N, C)`` windows -> ``q, k, v`` of shape ``(B*nW, heads, N, d)`` and :meth:`attention_scales`."""
+        return (*_split_heads(self.project(win), self.num_heads), *self.attention_scales())
 
     def position_bias(self, ws: int | None = None) -> torch.Tensor:
         """``(heads, N, N)`` position bias of a ``ws`` window (default: the configured one), ``N = ws * ws``."""
@@ -205,6 +212,12 @@ class WindowAttentionBase(nn.Module):
         does not matter): no separate pass over the map for the residual add, and ``proj`` skips the padding
         tokens."""
         b = x.shape[0]
+        out = self._map_attention(x, geom)
+        if out is not None:  # (B, H, W, C): CPU inference, the fused kernel wrote each token's attention in place
+            if residual is not None and can_fuse_onednn(out, self.proj.weight):
+                return linear_add(out, self.proj, residual)
+            out = linear(out, self.proj)
+            return out if residual is None else residual + out
         win = geom.partition(x)
         q, k, v, scale, cosine = self.queries_keys_values(win)
         pos = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
@@ -214,6 +227,26 @@ class WindowAttentionBase(nn.Module):
             return linear_add(geom.reverse(out, b), self.proj, residual)
         out = geom.reverse(self.proj_drop(linear(out, self.proj)), b)
         return out if residual is None else residual + out
+
+
+    def _map_attention(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor | None:
+        """CPU inference: q, k, v projected on the map's real tokens and the fused kernel reading each window from
+        them and writing its output back to the map (:func:`mmplugin.ops.window_attention.map_window_attention`),
+        in place of the partition, the padding tokens' projection and the reverse. None elsewhere (training,
+        gradients, tracing, other devices or dtypes)."""
+        if (x.device.type != 'cpu' or torch.is_grad_enabled() or geom.traced or torch.compiler.is_compiling()
+                or x.dtype not in (torch.float32, torch.bfloat16)):
+            return None
+        b, h, w, c = x.shape
+        qkv = self.project(x.reshape(b, h * w, c))
+        if not qkv.is_contiguous():
+            return None
+        pad = self.project(x.new_zeros(1, c)).view(-1)  # a padding token's q, k, v (the projection's bias)
+        scale, cosine = self.attention_scales()
+        pos = self.position_bias(geom.ws)
+        out = map_window_attention(qkv, pad.to(qkv.dtype), geom.map_rows(), self.num_heads, pos, geom.mask, scale,
+                                   cosine)
+        return None if out is None else out.view(b, h, w, c)
 
 
 class WindowAttention(WindowAttentionBase):
@@ -238,9 +271,11 @@ class WindowAttention(WindowAttentionBase):
         self.proj = nn.Linear(dim, dim)
         nn.init.trunc_normal_(self.relative_position_bias_table, std=0.02)
 
-    def queries_keys_values(self, win: torch.Tensor):
-        q, k, v = _split_heads(linear(win, self.qkv), self.num_heads)
-        return q, k, v, self.scale, None
+    def project(self, tokens: torch.Tensor) -> torch.Tensor:
+        return linear(tokens, self.qkv)
+
+    def attention_scales(self):
+        return self.scale, None
 
     def position_bias(self, ws: int | None = None) -> torch.Tensor:
         """Gathered from the learnt table; a window smaller than the configured one reads the table's centre."""
@@ -283,15 +318,16 @@ class WindowAttentionV2(WindowAttentionBase):
     def _coords(self, ws: int) -> torch.Tensor:
         return log_spaced_coords(ws, coordinate_window(self.pretrained_window_size, ws))
 
-    def queries_keys_values(self, win: torch.Tensor):
-        """Cosine attention: q and k as projected, with the clamped per-head logit scale that multiplies the
-        unit-norm q; the attention then runs with ``scale=1``."""
+    def project(self, tokens: torch.Tensor) -> torch.Tensor:
         bias = None
         if self.q_bias is not None:
             bias = torch.cat((self.q_bias, torch.zeros_like(self.v_bias), self.v_bias))
-        q, k, v = _split_heads(linear(win, self.qkv, self.qkv.weight, bias), self.num_heads)
-        scale = torch.exp(torch.clamp(self.logit_scale, max=math.log(100.0)))  # (heads, 1, 1): at most 100
-        return q, k, v, 1.0, scale  # normalised in _attend (inside the fused kernel where it runs)
+        return linear(tokens, self.qkv, self.qkv.weight, bias)
+
+    def attention_scales(self):
+        """Cosine attention: scale 1, and the clamped per-head logit scale that multiplies the unit-norm q (q and k
+        are normalised in ``_attend``, inside the fused kernel where it runs)."""
+        return 1.0, torch.exp(torch.clamp(self.logit_scale, max=math.log(100.0)))  # (heads, 1, 1): at most 100
 
     def position_bias(self, ws: int | None = None) -> torch.Tensor:
         """From the CPB MLP; a smaller window on a small map (``pad_small_map=False``) gets its own coordinates,

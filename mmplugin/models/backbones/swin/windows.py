@@ -91,6 +91,16 @@ def index_cache(build):
 _window_index = index_cache(window_index)
 
 
+@index_cache
+def _map_rows(h: int, w: int, ws: int, shift: int, device: torch.device) -> torch.Tensor:
+    """``(nW, ws*ws)`` int64: each window token's row in the unpadded ``(H*W)`` map (shift included), -1 for padding."""
+    fwd = _window_index(h, w, ws, shift, device)[0]
+    wp = padded_size(w, ws)
+    r, c = fwd // wp, fwd % wp
+    rows = torch.where((r < h) & (c < w), r * w + c, torch.full_like(fwd, -1))
+    return rows.to(torch.int64).view(-1, ws * ws).contiguous()
+
+
 class WindowGeometry:
     """Per-stage description of how an ``(H, W)`` map is windowed; computed once and shared by its blocks.
 
@@ -110,6 +120,11 @@ class WindowGeometry:
         # (nW, N, N) in the map's dtype (a .half() model stays fp16): 0 within a shift region, MASK_VALUE across
         # (exact in every float format)
         self.mask = None if label is None else (label[:, :, None] != label[:, None, :]).to(dtype) * MASK_VALUE
+
+    def map_rows(self) -> torch.Tensor:
+        """``(nW, ws*ws)`` int64 rows of the unpadded map for each window token, -1 for padding (eager only): what
+        :func:`mmplugin.ops.window_attention.map_window_attention` gathers in place of :meth:`partition`."""
+        return _map_rows(self.h, self.w, self.ws, self.shift, self.fwd.device)
 
     def partition(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, H, W, C)`` -> ``(B * nW, ws*ws, C)``: pad bottom/right, cyclic shift, cut windows."""
