@@ -26,8 +26,9 @@ _SOURCES = Path(__file__).parent
 _FLAGS = ['-O3', '-shared', '-fPIC', '-std=c99']
 # per kernel: roi_align without fused multiply-adds, so the sample coordinates are computed as the reference computes
 # them; window_attention with them (its error bound allows either, and they halve the inner loops' instructions) and
-# with OpenMP: linked by soname, it shares the runtime torch loaded (libgomp.so.1), so the kernel runs on torch's
-# intra-op threads instead of competing with them while they wait for the next operator
+# with OpenMP: linked by soname, it shares the runtime a torch build linked as libgomp.so.1 has loaded, so the kernel
+# runs on torch's intra-op threads instead of competing with them while they spin-wait for the next operator (where
+# torch bundles a renamed copy, the kernel gets a pool of its own, sized by torch.get_num_threads() all the same)
 _KERNEL_FLAGS = {'roi_align': ['-ffp-contract=off'], 'window_attention': ['-ffp-contract=fast', '-fopenmp']}
 # vector code for the kernel family torch dispatches to (torch.backends.cpu.get_cpu_capability(), which
 # ATEN_CPU_CAPABILITY lowers), so a library never uses instructions the process was told to avoid

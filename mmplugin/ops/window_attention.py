@@ -27,7 +27,8 @@ __all__ = ['window_attention', 'map_window_attention', 'fast_kernel_applies']
 
 _SUFFIX = {torch.float32: 'f32', torch.bfloat16: 'bf16'}
 _ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 9 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [
-    ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64]
+    ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int64,
+    ctypes.c_int64]
 _libs: dict[str, ctypes.CDLL | None] = {}
 
 
@@ -148,9 +149,9 @@ def _run(q, k, v, pos, mask, scale, cosine, out, windows: int, nw: int, rows=Non
     qs, ks, vs = (strides, ) * 3 if strides else (q.stride()[:3], k.stride()[:3], v.stride()[:3])
     args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), *qs, *ks, *vs,
             pos.data_ptr(), _ptr(mask), _ptr(cosine), nw, heads, n, d, d**-0.5 if scale is None else float(scale),
-            out.data_ptr(), _ptr(rows), _ptr(pad), image_rows)
+            out.data_ptr(), _ptr(rows), _ptr(pad), image_rows, torch.get_num_threads())
     with torch.profiler.record_function('mmplugin::window_attention'):  # named in profiles (the speed notes use it)
-        failed = fn(*args, 0, windows)  # parallel inside, on the OpenMP threads
+        failed = fn(*args, 0, windows)  # parallel inside, on torch.get_num_threads() OpenMP threads
     if failed:
         raise MemoryError('window attention: out of memory for the scratch buffers')
     return out

@@ -1,19 +1,19 @@
 /* The entry point of window_attention.c for one element type T (float or bf16 bits), with LOAD / STORE converting
- * to and from fp32; included once per type. A call handles the windows [begin, end), split over the OpenMP threads
- * (torch's own, where the library shares torch's OpenMP runtime): every head of a window is packed in one pass over
+ * to and from fp32; included once per type. A call handles the windows [begin, end), split over `threads` OpenMP
+ * threads (torch's own, where the library shares torch's OpenMP runtime): every head of a window is packed in one pass over
  * the window's rows (which lie together in a fused qkv projection's output), attended, and written back row by row.
  * Returns 0, or 1 when a thread's scratch buffer cannot be allocated. */
 int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, int64_t q_w, int64_t q_h, int64_t q_n,
                                             int64_t k_w, int64_t k_h, int64_t k_n, int64_t v_w, int64_t v_h,
                                             int64_t v_n, const float *pos, const float *mask, const float *cosine, int64_t nw,
                                             int64_t heads, int64_t n, int64_t d, float scale, T *out,
-                                            const int64_t *rows, const T *pad, int64_t img_rows, int64_t begin,
-                                            int64_t end) {
+                                            const int64_t *rows, const T *pad, int64_t img_rows, int threads,
+                                            int64_t begin, int64_t end) {
     const int64_t np = round_up(n, KV * VW), dp = round_up(d, DV * VW), nq = round_up(n, ROWS);
     const int64_t per_head = nq * d + d * np + n * dp + n * dp; /* queries, keys transposed, values, results */
     const int64_t floats = heads * per_head + heads * n * np + ROWS * np;
     int failed = 0;
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
     {
     float *buf = (float *)malloc((size_t)floats * sizeof(float));
     if (buf == NULL) {

@@ -114,8 +114,8 @@ def test_every_isa_build_computes_the_same_function(isa):
     pos, mask = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(2)), shift_mask(4, n)
     out = torch.empty(bw, n, heads * d)
     assert fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-              pos.data_ptr(), mask.data_ptr(), None, 4, heads, n, d, d**-0.5, out.data_ptr(), None, None, 0, 0,
-              bw) == 0
+              pos.data_ptr(), mask.data_ptr(), None, 4, heads, n, d, d**-0.5, out.data_ptr(), None, None, 0, 2,
+              0, bw) == 0
     assert rel_error(out.double(), reference(q, k, v, pos, mask, d**-0.5)) <= _bound(n, d, torch.float32)
 
 
