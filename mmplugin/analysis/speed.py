@@ -142,9 +142,10 @@ def _compiled_for(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype | 
     weight prepacking), warmed up once; a copy, so the eager model is untouched."""
     import copy
 
-    m = torch.compile(copy.deepcopy(model), backend='inductor', dynamic=False, options={'freezing': True})
+    from mmplugin.inference.compiled import freezing
+    m = torch.compile(copy.deepcopy(model), backend='inductor', dynamic=False)
     t = time.perf_counter()
-    with torch.no_grad(), torch.autocast('cpu', dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+    with torch.no_grad(), torch.autocast('cpu', dtype=dtype or torch.bfloat16, enabled=dtype is not None), freezing():
         m(x)
     print(f'  compiled ({dtype or torch.float32}) in {time.perf_counter() - t:.0f} s', flush=True)
     return m

@@ -23,7 +23,15 @@ from torch import nn
 
 from mmplugin.utils.errors import ConfigValueError
 
-__all__ = ['StaticCompiledFeatures', 'enable_static_compile']
+__all__ = ['StaticCompiledFeatures', 'enable_static_compile', 'freezing']
+
+
+def freezing():
+    """Inductor's weight freezing for the compiles started inside this context (constant folding, oneDNN weight
+    prepacking). Set as a config patch around the call that compiles: passed as ``torch.compile(options=...)`` it
+    does not take effect (torch 2.13: SwiftFormer-L1 at 800x1216 then runs at unfrozen speed, 620 against 530 ms)."""
+    import torch._inductor.config as inductor_config
+    return inductor_config.patch(freezing=True)
 
 
 class StaticCompiledFeatures:
@@ -49,8 +57,7 @@ class StaticCompiledFeatures:
         dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, max_sizes)
         self.max_sizes = max_sizes
         self._eager = model.extract_feat
-        options = {'freezing': True} if backend == 'inductor' else None
-        self._compiled = torch.compile(self._eager, backend=backend, dynamic=False, options=options)
+        self._compiled = torch.compile(self._eager, backend=backend, dynamic=False)
         self._shapes: set = set()
         self.stats = dict(compiles=0, compile_s=0.0, calls=0, eager_calls=0)
 
@@ -68,7 +75,8 @@ class StaticCompiledFeatures:
             self.stats['eager_calls'] += 1
             return self._eager(inputs, *args, **kwargs)
         t = time.perf_counter()
-        out = self._compiled(inputs, *args, **kwargs)
+        with freezing():  # the compile happens in this call; its graphs keep the frozen weights
+            out = self._compiled(inputs, *args, **kwargs)
         self._shapes.add(key)
         self.stats['compiles'] += 1
         self.stats['compile_s'] += time.perf_counter() - t
