@@ -5,7 +5,8 @@ system C compiler, cached under ``$MMPLUGIN_KERNEL_CACHE`` (default ``$XDG_CACHE
 Why plain C through ctypes rather than a PyTorch C++ extension: the kernels take raw pointers and sizes, so they need
 no PyTorch headers, and a build takes about a second instead of a minute; a ctypes call releases the GIL, so the
 callers can split the work over threads. The same C compiler that mmcv's ops need is all that is required; where
-there is none, :func:`load_kernels` raises :class:`KernelUnavailable` and the callers use mmcv's kernels instead.
+there is none, :func:`load_kernels` raises :class:`KernelUnavailable` and the callers use PyTorch's or mmcv's kernels
+instead (warned once).
 """
 from __future__ import annotations
 
@@ -106,7 +107,15 @@ def load_kernels(name: str, isa: str | None = None) -> ctypes.CDLL:
 
 def _build(cc: list[str], flags: list[str], source: Path, target: Path) -> None:
     """Compile ``source`` into ``target`` through a temporary file in the same directory and an atomic rename; the
-    library is readable by every user (``mkstemp`` creates files for the owner only)."""
+    library is readable by every user (``mkstemp`` creates files for the owner only). Any failure (compiler error,
+    timeout, an unwritable cache directory) is a :class:`KernelUnavailable`, so callers fall back."""
+    try:
+        _compile(cc, flags, source, target)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise KernelUnavailable(f'building {source.name} into {target.parent} failed: {e}') from e
+
+
+def _compile(cc: list[str], flags: list[str], source: Path, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix='.so.tmp', dir=target.parent)
     os.close(fd)

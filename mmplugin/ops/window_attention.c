@@ -28,7 +28,8 @@
  * a zero probability, as the formulation softmax(s) v in IEEE arithmetic.
  *
  * Vector width: MMP_VW floats (16 for AVX-512 builds, 8 for AVX2, 4 otherwise), set by the build; the code is the
- * same for each, written with GCC / Clang vector extensions.
+ * same for each, written with GCC's vector extensions (__builtin_shuffle: another compiler fails the build, and the
+ * callers then run PyTorch's SDPA, warned once).
  *
  * Parallel: a call handles the windows [begin, end), so callers split the windows over threads; each window writes
  * its own output rows.

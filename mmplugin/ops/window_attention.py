@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import ctypes
 import warnings
+import weakref
 
 import torch
+import torch.autograd.forward_ad as fwAD
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from mmplugin.ops.build import KernelUnavailable, cpu_isa, load_kernels
 
-__all__ = ['window_attention', 'map_window_attention', 'fast_kernel_applies']
+__all__ = ['available', 'window_attention', 'map_window_attention', 'fast_kernel_applies']
 
 _SUFFIX = {torch.float32: 'f32', torch.bfloat16: 'bf16'}
 _ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 9 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [
@@ -49,14 +52,26 @@ def _kernels() -> ctypes.CDLL | None:
     return _libs[isa]
 
 
+def available() -> bool:
+    """Whether the kernel for the current ISA is built (building it on first call; warned once where it cannot)."""
+    return _kernels() is not None
+
+
+def _plain_cpu(t: torch.Tensor | None) -> bool:
+    """A real CPU tensor whose memory the kernel may read: not a fake / meta / subclass tensor, no dual tangent."""
+    return t is None or (type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == 'cpu'
+                         and fwAD.unpack_dual(t).tangent is None)
+
+
 def fast_kernel_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0) -> bool:
     """Whether :func:`window_attention` runs the kernel for these ``(windows, heads, N, d)`` queries, keys, values."""
-    return (q.device.type == 'cpu' and q.dtype in _SUFFIX and k.dtype == v.dtype == q.dtype and not dropout
+    return (not (torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export()
+                 or torch.compiler.is_compiling() or torch.compiler.is_exporting())
+            and _get_current_dispatch_mode() is None and all(_plain_cpu(t) for t in (q, k, v))
+            and q.dtype in _SUFFIX and k.dtype == v.dtype == q.dtype and not dropout
             and q.dim() == k.dim() == v.dim() == 4 and q.shape == k.shape == v.shape
             and all(t.stride(-1) == 1 for t in (q, k, v))
             and not (torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad))
-            and not (torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export()
-                     or torch.compiler.is_compiling() or torch.compiler.is_exporting())
             and _kernels() is not None)
 
 
@@ -77,7 +92,7 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     Returns ``(B*nW, N, heads * d)`` in ``q``'s dtype.
     """
     if q.device.type == 'cpu' and torch.is_autocast_enabled('cpu') and not q.dtype == k.dtype == v.dtype:
-        # what autocast does for SDPA (Swin V2 normalises q and k in fp32 under autocast)
+        # what autocast does for SDPA: its operands in the autocast dtype
         low = torch.get_autocast_dtype('cpu')
         q, k, v = q.to(low), k.to(low), v.to(low)
     if not fast_kernel_applies(q, k, v) or (torch.is_grad_enabled() and pos.requires_grad):
@@ -113,15 +128,38 @@ def map_window_attention(qkv: torch.Tensor, pad: torch.Tensor, rows: torch.Tenso
     q4, k4, v4 = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, L, d): the stride layout window_attention reads
     if not fast_kernel_applies(q4, k4, v4):
         return None
+    if not (_plain_cpu(pad) and _plain_cpu(rows)):
+        return None
     if pad.dtype != qkv.dtype or pad.shape != (c3, ) or rows.dtype != torch.int64 or not rows.is_contiguous():
         raise ValueError('map window attention: pad must be the (3C,) projection of a zero token in qkv\'s dtype and '
                          'rows a contiguous int64 (nW, N) tensor')
+    _check_rows(rows, length)
     out = qkv.new_empty(b, length, c3 // 3)
     pad = pad.contiguous()
     # explicit strides: a size-1 dimension of the views may carry any stride
     strides = (0, c3 // 3 // heads, c3)
     return _run(q4, k4, v4, pos, mask, scale, cosine, out, b * nw, nw, rows=rows, pad=pad, image_rows=length,
                 n=n, strides=strides)
+
+
+_checked_rows: dict[int, tuple] = {}  # id -> (weak reference, version, length); tensors compare elementwise
+
+
+def _check_rows(rows: torch.Tensor, length: int) -> None:
+    """``rows`` names every one of the ``length`` map rows exactly once, and -1 otherwise (the kernel reads and
+    writes through it). Checked once per index tensor and version (the model's come from a cache)."""
+    seen = _checked_rows.get(id(rows))
+    if seen is not None and seen[0]() is rows and seen[1:] == (rows._version, length):
+        return
+    real = rows[rows >= 0]
+    ok = (bool((rows >= -1).all()) and real.numel() == length
+          and (length == 0 or (int(real.max()) < length and bool((torch.bincount(real, minlength=length) == 1).all()))))
+    if not ok:
+        raise ValueError(f'map window attention: rows must name each of the {length} map rows exactly once (-1 for '
+                         'padding tokens)')
+    if len(_checked_rows) > 256:
+        _checked_rows.clear()
+    _checked_rows[id(rows)] = (weakref.ref(rows), rows._version, length)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -133,7 +171,9 @@ def _run(q, k, v, pos, mask, scale, cosine, out, windows: int, nw: int, rows=Non
     """The kernel call shared by both layouts: checks, fp32 bias and logit scale, the call, its error."""
     heads, d = q.shape[1], q.shape[3]
     n = q.shape[2] if n is None else n
-    if torch.is_grad_enabled() and (pos.requires_grad or (cosine is not None and cosine.requires_grad)):
+    if not all(_plain_cpu(t) for t in (pos, mask, cosine)):
+        return None
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (pos, mask, cosine)):
         return None
     pos = pos.reshape(heads, n, n).float().contiguous()
     if mask is not None:

@@ -13,7 +13,7 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
     const int64_t per_head = nq * d + d * np + n * dp + n * dp; /* queries, keys transposed, values, results */
     const int64_t floats = heads * per_head + heads * n * np + ROWS * np;
     int failed = 0;
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(end - begin < threads ? (int)(end - begin > 0 ? end - begin : 1) : threads)
     {
     float *buf = (float *)malloc((size_t)floats * sizeof(float));
     if (buf == NULL) {

@@ -9,6 +9,7 @@ import ctypes
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from mmplugin.ops import build
 from mmplugin.ops import window_attention as wa
@@ -16,6 +17,13 @@ from mmplugin.utils.numerics import rel_error
 
 U_FP32 = 2.0**-24
 U_BF16 = 2.0**-8
+
+
+@pytest.fixture
+def kernel():
+    """The kernel needs the system C compiler; without one the model runs SDPA (tested below) and these skip."""
+    if not wa.available():
+        pytest.skip('the window-attention kernel cannot be built here (no C compiler)')
 
 
 def reference(q, k, v, pos, mask, scale):
@@ -43,8 +51,10 @@ def shift_mask(nw, n, seed=0):
 
 
 def _bound(n, d, dtype):
-    """Relative to the output's largest magnitude: the scores' d-term sums and the values' n-term sums each contribute
-    at most their length times u (deterministic worst case, no cancellation assumed), the softmax a few u more. The
+    """Relative to the output's largest magnitude, for scores of order one (unit-variance q, k, v at Swin's scale
+    d^-0.5, a bias of a few units): the scores' d-term sums and the values' n-term sums each contribute at most their
+    length times u, the exponentials and the division a few u more (16). Larger scores scale the first term (the
+    cosine test below). The
     bf16 inputs are exact in the float64 reference too, so bf16 adds only the rounding of the output to nearest: at
     most bf16's unit roundoff 2^-8 of the largest magnitude."""
     fp32 = (d + n + 16) * U_FP32
@@ -55,7 +65,7 @@ def _bound(n, d, dtype):
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('shape', [(12, 3, 49, 32, 4), (6, 2, 64, 32, 1), (4, 2, 144, 32, 2), (5, 3, 10, 5, 1),
                                    (3, 1, 1, 16, 1)])
-def test_kernel_equals_the_formulation(shape, dtype):
+def test_kernel_equals_the_formulation(shape, dtype, kernel):
     """Swin's 7x7 windows with a shift mask over a batch of 3 images, V2's 8x8 and 12x12 windows, a head dimension
     and a token count that fill no vector, and a single-token window."""
     bw, heads, n, d, nw = shape
@@ -71,7 +81,7 @@ def test_kernel_equals_the_formulation(shape, dtype):
 
 @pytest.mark.numeric
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
-def test_cosine_attention_equals_the_formulation(dtype):
+def test_cosine_attention_equals_the_formulation(dtype, kernel):
     """Swin V2: q and k normalised inside the kernel as F.normalize does (a zero row, as a padding token's, stays
     zero through the 1e-12 floor) and q times its head's logit scale, against F.normalize in float64."""
     import torch.nn.functional as F
@@ -123,7 +133,7 @@ def test_every_isa_build_computes_the_same_function(isa):
 @pytest.mark.parametrize('masked', [False, True])
 @pytest.mark.parametrize('where', ['q', 'k', 'v', 'pos'])
 @pytest.mark.parametrize('value', [float('nan'), float('inf'), float('-inf')])
-def test_nonfinite_values_reach_the_formulations_outputs(where, value, masked):
+def test_nonfinite_values_reach_the_formulations_outputs(where, value, masked, kernel):
     """One non-finite entry: the outputs that are NaN, +inf or -inf are exactly the float64 formulation's. With a
     shift mask, an infinite value meets the masked keys' weights (exp of about -100: tiny in float64, subnormal or
     zero in fp32 depending on the exp implementation: torch's differ by ISA, the kernel flushes subnormals), so
@@ -156,11 +166,57 @@ def test_left_to_sdpa_where_it_does_not_apply():
     assert wa.window_attention(q.half(), k.half(), v.half(), pos, None) is None
     assert wa.window_attention(q.double(), k.double(), v.double(), pos, None) is None
     assert wa.window_attention(q, k, v.bfloat16(), pos, None) is None
-    with pytest.raises(ValueError, match='mask of shape'):
-        wa.window_attention(q, k, v, pos, torch.zeros(3, 49, 49))
+    assert wa.window_attention(q, k, v, pos.to('meta'), None) is None  # memory the kernel cannot read
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(q)
+        assert wa.window_attention(fake, fake, fake, mode.from_tensor(pos), None) is None
+    import torch.autograd.forward_ad as fwAD
+    with fwAD.dual_level():
+        assert wa.window_attention(fwAD.make_dual(q, torch.ones_like(q)), k, v, pos, None) is None
+    if wa.available():
+        with pytest.raises(ValueError, match='mask of shape'):
+            wa.window_attention(q, k, v, pos, torch.zeros(3, 49, 49))
 
 
-def test_threads_do_not_change_a_bit():
+def test_map_rows_are_checked(kernel):
+    """The kernel reads and writes through ``rows``: out-of-range, missing or repeated map rows are errors."""
+    qkv, pad, pos = torch.zeros(1, 4, 6), torch.zeros(6), torch.zeros(1, 4, 4)
+    for rows in ([[0, 1, 2, 9]], [[0, 1, 2, -1]], [[0, 1, 1, 3]], [[0, 1, 2, -2]]):
+        with pytest.raises(ValueError, match='exactly once'):
+            wa.map_window_attention(qkv, pad, torch.tensor(rows), 1, pos, None)
+    good = wa.map_window_attention(qkv, pad, torch.tensor([[3, 1, 2, 0]]), 1, pos, None)
+    assert good is not None and good.shape == (1, 4, 2)
+
+
+def test_training_mode_dropout_never_takes_the_kernel():
+    """Under no_grad in training mode (a teacher model), attention and projection dropout still apply: two calls
+    differ, where the kernel (which has no dropout) would give the eval output twice."""
+    from mmplugin.models.backbones.swin.attention import WindowAttention
+    from mmplugin.models.backbones.swin.windows import WindowGeometry
+    m = WindowAttention(32, 2, 7, attn_drop=0.5, proj_drop=0.5).train()
+    x = torch.randn(1, 14, 14, 32)
+    geom = WindowGeometry(14, 14, 7, 3, x.device)
+    with torch.no_grad():
+        a, b = m(x, geom), m(x, geom)
+        m.eval()
+        c = m(x, geom)
+    assert not torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_a_cache_that_cannot_be_written_falls_back(tmp_path, monkeypatch):
+    """An unwritable kernel cache is a KernelUnavailable (the callers' fallback), not an error in the forward."""
+    blocker = tmp_path / 'file'
+    blocker.write_text('')
+    monkeypatch.setenv('MMPLUGIN_KERNEL_CACHE', str(blocker / 'kernels'))
+    build.load_kernels.cache_clear()
+    try:
+        with pytest.raises(build.KernelUnavailable, match='failed'):
+            build.load_kernels('window_attention', 'DEFAULT')
+    finally:
+        build.load_kernels.cache_clear()
+
+
+def test_threads_do_not_change_a_bit(kernel):
     """Windows are split over the OpenMP threads; each window's arithmetic is the same on any thread count."""
     q, k, v = qkv_views(24, 3, 49, 32, seed=7)
     pos, mask = torch.randn(3, 49, 49, generator=torch.Generator().manual_seed(3)), shift_mask(6, 49)
@@ -178,7 +234,7 @@ def test_threads_do_not_change_a_bit():
 
 @pytest.mark.numeric
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
-def test_map_layout_gathers_and_scatters_like_partition_and_reverse(dtype):
+def test_map_layout_gathers_and_scatters_like_partition_and_reverse(dtype, kernel):
     """The map layout (windows read from the map's projection, padding tokens from the zero token's projection,
     outputs written back to the map) equals the float64 formulation on Swin's own partition and reverse: a 10x13
     map in 7x7 windows (padded to 14x14), shifted by 3, two images."""

@@ -37,6 +37,7 @@ from mmplugin.models.backbones.swin.windows import (
 from mmplugin.models.layers.fusion import can_fuse_onednn, linear, linear_add
 from mmplugin.models.layers.precision import fp32_normalize
 from mmplugin.models.layers.recompute import window_softmax, window_softmax_attention
+from mmplugin.ops.window_attention import available as kernel_available
 from mmplugin.ops.window_attention import map_window_attention, window_attention
 
 __all__ = [
@@ -170,10 +171,12 @@ def coordinate_window(pretrained_window_size: int, window_size: int) -> int:
 class WindowAttentionBase(nn.Module):
     """Multi-head attention within the windows of a ``(B, H, W, C)`` map, written once for Swin V1 and V2.
 
-    ``forward``: partition into windows -> :meth:`queries_keys_values` -> SDPA with :meth:`position_bias` (plus the
-    shift mask) -> ``proj`` -> ``proj_drop`` -> reverse (+ the block's residual, which at CPU fp32 inference is added
-    inside ``proj`` after the reverse). A subclass creates ``proj`` (``nn.Linear(C, C)``) and its own parameters, and
-    supplies the two hooks.
+    ``forward``: partition into windows -> :meth:`queries_keys_values` (:meth:`project` split into heads, with
+    :meth:`attention_scales`) -> SDPA with :meth:`position_bias` (plus the shift mask) -> ``proj`` -> ``proj_drop``
+    -> reverse (+ the block's residual, which at CPU fp32 inference is added inside ``proj`` after the reverse). CPU
+    inference instead projects the map's tokens and runs the fused kernel on them (:meth:`_map_attention`). A
+    subclass creates ``proj`` (``nn.Linear(C, C)``) and its own parameters, and supplies the three hooks
+    :meth:`project`, :meth:`attention_scales` and :meth:`position_bias`.
 
     Args:
         num_heads (int): heads. window_size (int): ws, the configured window.
@@ -232,11 +235,14 @@ class WindowAttentionBase(nn.Module):
     def _map_attention(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor | None:
         """CPU inference: q, k, v projected on the map's real tokens and the fused kernel reading each window from
         them and writing its output back to the map (:func:`mmplugin.ops.window_attention.map_window_attention`),
-        in place of the partition, the padding tokens' projection and the reverse. None elsewhere (training,
-        gradients, tracing, other devices or dtypes)."""
+        in place of the partition, the padding tokens' projection and the reverse. None elsewhere (gradients, dropout
+        in training mode, tracing, compiling, other devices or dtypes, no kernel)."""
         if (x.device.type != 'cpu' or torch.is_grad_enabled() or geom.traced or torch.compiler.is_compiling()
-                or x.dtype not in (torch.float32, torch.bfloat16)):
+                or (self.training and (self.attn_drop or self.proj_drop.p))):
             return None
+        low = torch.get_autocast_dtype('cpu') if torch.is_autocast_enabled('cpu') else x.dtype
+        if low not in (torch.float32, torch.bfloat16) or not kernel_available():
+            return None  # decided before the projection, so a fallback never projects twice
         b, h, w, c = x.shape
         qkv = self.project(x.reshape(b, h * w, c))
         if not qkv.is_contiguous():
