@@ -174,9 +174,8 @@ class WindowAttentionBase(nn.Module):
     ``forward``: partition into windows -> :meth:`queries_keys_values` (:meth:`project` split into heads, with
     :meth:`attention_scales`) -> SDPA with :meth:`position_bias` (plus the shift mask) -> ``proj`` -> ``proj_drop``
     -> reverse (+ the block's residual, which at CPU fp32 inference is added inside ``proj`` after the reverse). CPU
-    inference instead projects the map's tokens and runs the fused kernel on them (:meth:`_map_attention`). A
-    subclass creates ``proj`` (``nn.Linear(C, C)``) and its own parameters, and supplies the three hooks
-    :meth:`project`, :meth:`attention_scales` and :meth:`position_bias`.
+    inference runs the fused kernel on the map's tokens instead (:meth:`_map_attention`). Subclasses create ``proj``
+    (``nn.Linear(C, C)``), their parameters and the hooks :meth:`project`, :meth:`attention_scales`, ``position_bias``.
 
     Args:
         num_heads (int): heads. window_size (int): ws, the configured window.
@@ -219,8 +218,7 @@ class WindowAttentionBase(nn.Module):
         if out is not None:  # (B, H, W, C): CPU inference, the fused kernel wrote each token's attention in place
             if residual is not None and can_fuse_onednn(out, self.proj.weight):
                 return linear_add(out, self.proj, residual)
-            out = linear(out, self.proj)
-            return out if residual is None else residual + out
+            return linear(out, self.proj) if residual is None else residual + linear(out, self.proj)
         win = geom.partition(x)
         q, k, v, scale, cosine = self.queries_keys_values(win)
         pos = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
@@ -231,12 +229,9 @@ class WindowAttentionBase(nn.Module):
         out = geom.reverse(self.proj_drop(linear(out, self.proj)), b)
         return out if residual is None else residual + out
 
-
     def _map_attention(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor | None:
-        """CPU inference: q, k, v projected on the map's real tokens and the fused kernel reading each window from
-        them and writing its output back to the map (:func:`mmplugin.ops.window_attention.map_window_attention`),
-        in place of the partition, the padding tokens' projection and the reverse. None elsewhere (gradients, dropout
-        in training mode, tracing, compiling, other devices or dtypes, no kernel)."""
+        """CPU inference: q, k, v of the map's real tokens, attended by the fused kernel in place of partition, padding
+        and reverse (:func:`mmplugin.ops.window_attention.map_window_attention`); None where it does not apply."""
         if (x.device.type != 'cpu' or torch.is_grad_enabled() or geom.traced or torch.compiler.is_compiling()
                 or (self.training and (self.attn_drop or self.proj_drop.p))):
             return None
