@@ -120,6 +120,50 @@ def test_window_gathers_have_exact_gradients(h, w, ws, shift):
     assert type(geom.reverse(win, 2).grad_fn).__name__ == '_ReverseBackward'
 
 
+@pytest.mark.parametrize('h, w, ws, shift, c', [(9, 10, 7, 3, 32), (8, 9, 7, 0, 48), (3, 5, 4, 2, 32)])
+def test_projection_before_the_partition_is_the_projection_of_the_windows(h, w, ws, shift, c):
+    """Where padding is a large share, q, k, v are projected on the real tokens (plus one zero token that fills the
+    padding positions) before the partition: the windows must equal ``project(partition(x))``, and the gradients
+    of the input and of the projection's weight and bias must equal those through the partition, in float64
+    (gradcheck for the gather and its adjoint); the bias gradient includes the padding positions' share."""
+    from mmplugin.models.backbones.swin.windows import PROJECT_FIRST_MIN, WindowGeometry, _PartitionTokens
+    geom = WindowGeometry(h, w, ws, shift, torch.device('cpu'), torch.float64)
+    assert (geom.hp * geom.wp - h * w) * c >= PROJECT_FIRST_MIN * h * w, 'must take the projection-first path'
+    proj = torch.nn.Linear(c, 3 * c).double()
+    x = torch.randn(2, h, w, c, dtype=torch.float64, requires_grad=True)
+    got = geom.partition_projected(x, proj)
+    assert type(got.grad_fn).__name__ == '_PartitionTokensBackward'
+    want = proj(geom.partition(x))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    g = torch.randn_like(want)
+    grads = [torch.autograd.grad(out, (x, proj.weight, proj.bias), g) for out in (got, want)]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    tokens = torch.randn(2, h * w, 3, dtype=torch.float64, requires_grad=True)
+    pad = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t, p: _PartitionTokens.apply(t, p, geom), (tokens, pad))
+
+
+@pytest.mark.parametrize('v2', [False, True])
+def test_projection_first_is_the_same_swin_with_gradients(v2):
+    """The whole backbone with a stage whose padding takes the projection-first path (16 x 24 at stage 4 of a 512 x
+    768 input, as 7x7 windows pad it 53%) gives the outputs and parameter gradients of the official formulation."""
+    model, ref = _pair(v2)
+    x = torch.randn(1, 3, 130, 200)
+    outs = [m(x) for m in (model, ref)]
+    for a, b in zip(*outs):
+        assert rel_err(a, b) < FP32_PARITY
+    for m, out in zip((model, ref), outs):
+        sum((o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum() for o in out).backward()
+    ref_grads = dict(ref.named_parameters())
+    compared = 0
+    for name, p in model.named_parameters():
+        if name in ref_grads and ref_grads[name].grad is not None:
+            assert rel_err(p.grad, ref_grads[name].grad) < 10 * FP32_PARITY, name
+            compared += 1
+    assert compared > 10
+
+
 def test_sizes_change_between_calls_no_stale_mask():
     model, ref = _pair(False)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Shifted-window attention of Swin V1 and V2: one forward (partition -> attend -> project -> reverse) in
+"""Shifted-window attention of Swin V1 and V2: one forward (project -> partition -> attend -> reverse -> project) in
 :class:`WindowAttentionBase`, with V1 (:class:`WindowAttention`) and V2 (:class:`WindowAttentionV2`) as siblings that
 supply the query / key / value projection with its scale, and the relative position bias.
 
@@ -34,7 +34,7 @@ from mmplugin.models.backbones.swin.windows import (
     padded_size,
     window_index,
 )
-from mmplugin.models.layers.fusion import can_fuse_onednn, linear, linear_add
+from mmplugin.models.layers.fusion import linear, linear_add
 from mmplugin.models.layers.precision import fp32_normalize
 from mmplugin.models.layers.recompute import window_softmax, window_softmax_attention
 from mmplugin.ops.window_attention import available as kernel_available
@@ -171,11 +171,12 @@ def coordinate_window(pretrained_window_size: int, window_size: int) -> int:
 class WindowAttentionBase(nn.Module):
     """Multi-head attention within the windows of a ``(B, H, W, C)`` map, written once for Swin V1 and V2.
 
-    ``forward``: partition into windows -> :meth:`queries_keys_values` (:meth:`project` split into heads, with
-    :meth:`attention_scales`) -> SDPA with :meth:`position_bias` (plus the shift mask) -> ``proj`` -> ``proj_drop``
-    -> reverse (+ the block's residual, which at CPU fp32 inference is added inside ``proj`` after the reverse). CPU
-    inference runs the fused kernel on the map's tokens instead (:meth:`_map_attention`). Subclasses create ``proj``
-    (``nn.Linear(C, C)``), their parameters and the hooks :meth:`project`, :meth:`attention_scales`, ``position_bias``.
+    ``forward``: :meth:`project` into the windows' q, k, v (on the real tokens only:
+    :meth:`~.windows.WindowGeometry.partition_projected`), split into heads -> SDPA with :meth:`attention_scales` and
+    :meth:`position_bias` (plus the shift mask) -> reverse -> ``proj`` (+ the block's residual, inside the ``proj``
+    GEMM at CPU inference). CPU inference runs the fused kernel on the map's tokens instead (:meth:`_map_attention`).
+    Subclasses create ``proj`` (``nn.Linear(C, C)``), their parameters and the hooks :meth:`project`,
+    :meth:`attention_scales`, ``position_bias``.
 
     Args:
         num_heads (int): heads. window_size (int): ws, the configured window.
@@ -197,10 +198,6 @@ class WindowAttentionBase(nn.Module):
         ``(heads, 1, 1)`` by which the normalised queries are multiplied (else None: q and k used as they are)."""
         raise NotImplementedError
 
-    def queries_keys_values(self, win: torch.Tensor):
-        """``(B*nW, N, C)`` windows -> ``q, k, v`` of shape ``(B*nW, heads, N, d)`` and :meth:`attention_scales`."""
-        return (*_split_heads(self.project(win), self.num_heads), *self.attention_scales())
-
     def position_bias(self, ws: int | None = None) -> torch.Tensor:
         """``(heads, N, N)`` position bias of a ``ws`` window (default: the configured one), ``N = ws * ws``."""
         raise NotImplementedError
@@ -209,25 +206,22 @@ class WindowAttentionBase(nn.Module):
         """x: ``(B, H, W, C)`` block input (already normalised for V1) -> ``(B, H, W, C)``, plus ``residual`` (same
         shape) when given.
 
-        With a residual at CPU fp32 inference the windows are merged back before ``proj`` and the add runs inside
-        the ``proj`` GEMM (:func:`mmplugin.models.layers.fusion.linear_add`; ``proj`` acts per token, so the order
-        does not matter): no separate pass over the map for the residual add, and ``proj`` skips the padding
-        tokens."""
+        The windows are merged back before ``proj``, which acts per token, so it skips the padding tokens (without
+        ``proj`` dropout in training, whose draws keep the window order); with a residual at CPU inference the add runs
+        inside the ``proj`` GEMM (:func:`mmplugin.models.layers.fusion.linear_add`), with no separate pass over the
+        map."""
         b = x.shape[0]
-        out = self._map_attention(x, geom)
-        if out is not None:  # (B, H, W, C): CPU inference, the fused kernel wrote each token's attention in place
-            if residual is not None and can_fuse_onednn(out, self.proj.weight):
-                return linear_add(out, self.proj, residual)
-            return linear(out, self.proj) if residual is None else residual + linear(out, self.proj)
-        win = geom.partition(x)
-        q, k, v, scale, cosine = self.queries_keys_values(win)
-        pos = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
-        out = _attend(q, k, v, pos, geom.mask, b, scale, self.attn_drop if self.training else 0.0, cosine)
-        if (residual is not None and not (self.training and self.proj_drop.p > 0)
-                and can_fuse_onednn(out, self.proj.weight)):
-            return linear_add(geom.reverse(out, b), self.proj, residual)
-        out = geom.reverse(self.proj_drop(linear(out, self.proj)), b)
-        return out if residual is None else residual + out
+        out = self._map_attention(x, geom)  # (B, H, W, C) where the fused kernel ran (CPU inference), else None
+        if out is None:
+            q, k, v = _split_heads(geom.partition_projected(x, self.project), self.num_heads)  # (B*nW, heads, N, d)
+            scale, cosine = self.attention_scales()
+            pos = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
+            out = _attend(q, k, v, pos, geom.mask, b, scale, self.attn_drop if self.training else 0.0, cosine)
+            if self.training and self.proj_drop.p > 0:
+                out = geom.reverse(self.proj_drop(linear(out, self.proj)), b)
+                return out if residual is None else residual + out
+            out = geom.reverse(out, b)
+        return linear(out, self.proj) if residual is None else linear_add(out, self.proj, residual)
 
     def _map_attention(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor | None:
         """CPU inference: q, k, v of the map's real tokens, attended by the fused kernel in place of partition, padding
