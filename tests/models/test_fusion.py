@@ -55,6 +55,22 @@ def test_fused_linear_falls_back_under_autograd():
     assert torch.equal(r.grad, torch.ones_like(r)) and layer.weight.grad is not None
 
 
+@pytest.mark.parametrize('case', list(CASES))
+def test_a_trained_bias_alone_keeps_its_gradient(case):
+    """Bias-only fine-tuning (weight frozen, input without gradient, bias trained): the oneDNN ops have no backward,
+    so the plain ops must run, and the bias gradient equals the plain ops' in float64."""
+    fused, plain = CASES[case]
+    layer, x, r = _operands()
+    layer.weight.requires_grad_(False)
+    g = torch.randn(2, 5, 7, 72, generator=torch.Generator().manual_seed(1))
+    fused(x, layer, r).backward(g)
+    ref_layer = nn.Linear(40, 72).double()
+    ref_layer.load_state_dict(layer.state_dict())
+    plain(x.double(), ref_layer, r.double()).backward(g.double())
+    assert layer.bias.grad is not None
+    assert max_rel_error(layer.bias.grad, ref_layer.bias.grad) <= FP32_PARITY
+
+
 @pytest.mark.numeric
 @pytest.mark.parametrize('low', ['bfloat16', 'float16'])
 @pytest.mark.parametrize('case', list(CASES))

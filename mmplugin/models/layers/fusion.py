@@ -116,11 +116,13 @@ def onednn_fusion_disabled():
         _FUSION_OFF -= 1
 
 
-def fused_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype | None:
+def fused_dtype(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.dtype | None:
     """The dtype in which oneDNN's fused ops compute ``x`` against ``weight``, or None where they do not apply.
 
-    They apply at inference on a CPU (no autograd), not traced / exported / compiled (those graphs keep standard ops:
-    the oneDNN ops have no fake-tensor kernel; inductor fuses on its own), in:
+    They apply at inference on a CPU (no autograd: none of ``x``, ``weight``, ``bias`` needs a gradient; the oneDNN ops
+    have no backward, so a trained bias alone, as in bias-only fine-tuning, keeps the standard ops), not traced /
+    exported / compiled (those graphs keep standard ops: the oneDNN ops have no fake-tensor kernel; inductor fuses on
+    its own), in:
 
     - fp32: ``x`` and ``weight`` fp32, outside autocast;
     - bf16: under CPU bf16 autocast (``x`` fp32 or bf16, ``weight`` fp32 or bf16: the operands are cast as autocast
@@ -133,7 +135,8 @@ def fused_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype | None:
     if (torch.jit.is_tracing() or torch.jit.is_scripting() or torch.compiler.is_compiling()
             or torch.onnx.is_in_onnx_export() or _FUSION_OFF):
         return None
-    if not _ONEDNN or x.device.type != 'cpu' or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+    needs_grad = x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    if not _ONEDNN or x.device.type != 'cpu' or (torch.is_grad_enabled() and needs_grad):
         return None
     if torch.is_autocast_enabled('cpu'):
         ok = (torch.get_autocast_dtype('cpu') == torch.bfloat16 and _onednn_bf16()
@@ -179,7 +182,7 @@ def conv_act(x: torch.Tensor, conv: nn.Conv2d, act: str, weight: torch.Tensor | 
     """
     w = conv.weight if weight is None else weight
     b = conv.bias if weight is None else bias
-    dtype = fused_dtype(x, w)
+    dtype = fused_dtype(x, w, b)
     if dtype is not None:
         x, w, b = _operands(dtype, x, w, b)
         return torch.ops.mkldnn._convolution_pointwise(x, w, b, list(conv.padding), list(conv.stride),
@@ -194,7 +197,7 @@ def conv_add(x: torch.Tensor, conv: nn.Conv2d, residual: torch.Tensor, weight: t
     The sum keeps the promoted dtype (:func:`add_residual`): an fp32 ``residual`` stays fp32 under autocast."""
     w = conv.weight if weight is None else weight
     b = conv.bias if weight is None else bias
-    dtype = fused_dtype(x, w)
+    dtype = fused_dtype(x, w, b)
     if dtype is not None and not residual.requires_grad:
         x, w, b = _operands(dtype, x, w, b)
         if residual.dtype == dtype:
@@ -215,7 +218,7 @@ def linear(x: torch.Tensor, layer: nn.Linear, weight: torch.Tensor | None = None
     2 cores, AMD EPYC family 25)."""
     w = layer.weight if weight is None else weight
     b = layer.bias if weight is None else bias
-    dtype = fused_dtype(x, w)
+    dtype = fused_dtype(x, w, b)
     if dtype is not None:
         return torch.ops.mkldnn._linear_pointwise(*_operands(dtype, x, w, b), 'none', [], '')
     return train_linear(x, w, b)
@@ -227,7 +230,7 @@ def linear_act(x: torch.Tensor, linear: nn.Linear, act: str) -> torch.Tensor:
     second pass over the ``(..., N)`` result (Swin's MLP: 4C channels at every position). Only GELU is fused:
     oneDNN's ReLU post-op maps NaN to 0 (its GELU keeps NaN; tests/models/test_fusion.py), so ReLU runs as its own op
     and NaN in gives NaN out."""
-    dtype = fused_dtype(x, linear.weight) if act == 'gelu' else None
+    dtype = fused_dtype(x, linear.weight, linear.bias) if act == 'gelu' else None
     if dtype is not None:
         return torch.ops.mkldnn._linear_pointwise(*_operands(dtype, x, linear.weight, linear.bias), 'gelu', [],
                                                   'none')
@@ -238,7 +241,7 @@ def linear_add(x: torch.Tensor, linear: nn.Linear, residual: torch.Tensor) -> to
     """``linear(x) + residual`` on ``(..., K)`` / ``(..., N)`` tensors, one oneDNN kernel when possible (the residual
     is read into the GEMM's output tile instead of a second pass over both maps). The sum keeps the promoted dtype
     (:func:`add_residual`): under autocast the GEMM runs in bf16 and an fp32 residual stream stays fp32."""
-    dtype = fused_dtype(x, linear.weight)
+    dtype = fused_dtype(x, linear.weight, linear.bias)
     if dtype is not None and not residual.requires_grad:
         x, w, b = _operands(dtype, x, linear.weight, linear.bias)
         if residual.dtype == dtype:

@@ -2,6 +2,7 @@
 V2 position-bias details. The shared backbone contract is in test_conformance.py."""
 from __future__ import annotations
 
+import copy
 import math
 import re
 
@@ -162,6 +163,29 @@ def test_projection_first_is_the_same_swin_with_gradients(v2):
             assert rel_err(p.grad, ref_grads[name].grad) < 10 * FP32_PARITY, name
             compared += 1
     assert compared > 10
+
+
+@pytest.mark.parametrize('v2', [False, True])
+def test_bias_only_fine_tuning_gets_the_padding_share_of_the_bias_gradient(v2):
+    """qkv weight frozen, its bias trained (bias-only fine-tuning): the zero token that fills the padding positions
+    (projection first) must reach the bias gradient as in the float64 reference (fp32 within rounding)."""
+    from mmplugin.models.backbones.swin.attention import WindowAttention, WindowAttentionV2
+    from mmplugin.models.backbones.swin.windows import WindowGeometry
+    torch.manual_seed(0)
+    attn = (WindowAttentionV2 if v2 else WindowAttention)(64, 2, 7).train()
+    randomize_(attn, 0)
+    attn.qkv.weight.requires_grad_(False)
+    biases = ['q_bias', 'v_bias'] if v2 else ['qkv.bias']
+    x = torch.randn(2, 9, 10, 64)
+    g = torch.randn(2, 9, 10, 64)
+    grads = []
+    for dtype in (torch.float32, torch.float64):
+        m = copy.deepcopy(attn).to(dtype)
+        m(x.to(dtype), WindowGeometry(9, 10, 7, 3, torch.device('cpu'), dtype)).backward(g.to(dtype))
+        params = dict(m.named_parameters())
+        grads.append([params[n].grad for n in biases])
+    for name, a, b in zip(biases, *grads):
+        assert a is not None and rel_err(a, b) < FP32_PARITY, name
 
 
 def test_sizes_change_between_calls_no_stale_mask():

@@ -1,6 +1,7 @@
-"""Shifted-window attention of Swin V1 and V2: one forward (project -> partition -> attend -> reverse -> project) in
-:class:`WindowAttentionBase`, with V1 (:class:`WindowAttention`) and V2 (:class:`WindowAttentionV2`) as siblings that
-supply the query / key / value projection with its scale, and the relative position bias.
+"""Shifted-window attention of Swin V1 and V2: one forward (partition -> project q, k, v -> attend -> reverse ->
+project; q, k, v projected before the partition where padding is a large share) in :class:`WindowAttentionBase`, with
+V1 (:class:`WindowAttention`) and V2 (:class:`WindowAttentionV2`) as siblings that supply the query / key / value
+projection with its scale, and the relative position bias.
 
 Feature maps are ``(B, H, W, C)`` (channels last) throughout; the window geometry (padding, cyclic shift, partition
 and its inverse) is :mod:`.windows`.

@@ -102,19 +102,21 @@ def _map_rows(h: int, w: int, ws: int, shift: int, device: torch.device) -> torc
     return rows.to(torch.int64).view(-1, ws * ws).contiguous()
 
 
-# Projecting before the partition saves, per padding token, the q, k, v GEMM rows (forward and both gradients:
-# 18 C^2 FLOPs), and costs, per real token, gathering 3C channels instead of C (forward and backward: 16 C bytes more
-# in fp32). So it pays where padding tokens / real tokens x C is large; the threshold is measured: a Swin-T block's
-# forward + backward at batch 2 (AMD EPYC family 25 model 17, 2 threads, fp32 and bf16 autocast) ran 5-10% slower
-# with 6% padding tokens per real token x 96 channels (= 6), about level at 12% x 192 (= 22), 2-4% faster at 12% x 384
-# (= 45) and 8-14% faster at 53% x 768 (= 408): Swin-T's four stages at 512x768.
+# Projecting before the partition saves, per padding token, the q, k, v GEMM rows (forward and both gradients: 18 C^2
+# FLOPs), and costs, per real token, gathering 3C channels instead of C (2C more values read and written in each
+# direction: 32 C bytes more in fp32 for forward + backward). So it pays where padding tokens / real tokens x C is
+# large; the threshold is measured: a Swin-T block's forward + backward at batch 2 (AMD EPYC family 25 model 17, 2
+# threads, fp32 and bf16 autocast) ran 5-10% slower with 6% padding tokens per real token x 96 channels (= 6), about
+# level at 12% x 192 (= 22), 2-4% faster at 12% x 384 (= 45) and 8-14% faster at 53% x 768 (= 408): Swin-T's four stages
+# at 512x768.
 PROJECT_FIRST_MIN = 32
 
 
 @index_cache
 def _token_windows(h: int, w: int, ws: int, shift: int, device: torch.device):
-    """``(src, pad)`` for :meth:`WindowGeometry.partition_tokens`: ``src`` ``(Hp*Wp,)`` the unpadded map row each
-    window position reads (0 for padding, overwritten), ``pad`` the window positions that are padding."""
+    """``(src, pad)`` for :meth:`WindowGeometry.partition_projected` (``_PartitionTokens``): ``src`` ``(Hp*Wp,)`` the
+    unpadded map row each window position reads (0 for padding, overwritten), ``pad`` the window positions that are
+    padding."""
     rows = _map_rows(h, w, ws, shift, torch.device('cpu')).flatten()  # nonzero needs values: not on a meta device
     return rows.clamp(min=0).to(device), (rows < 0).nonzero().flatten().to(device)
 
