@@ -70,20 +70,24 @@ def training_shapes(shapes: collections.Counter) -> collections.Counter:
     return out
 
 
-KERNELS = ('mkl', 'onednn')
+KERNELS = ('mkl', 'onednn', 'onednn prepacked')
 
 
 def gemm_call(m: int, k: int, n: int, dtype: torch.dtype, kernel: str, bias: bool = True):
     """A zero-argument ``(m, k) x (k, n)`` product (``+ bias`` unless ``bias=False``: the backward products have
     none) on random operands through ``kernel``: ``'mkl'`` is ``F.linear`` (torch's BLAS for fp32, MKL in the x86
-    wheels), ``'onednn'`` oneDNN's own linear (``torch.ops.mkldnn._linear_pointwise``). On AMD CPUs MKL's fp32 GEMM
-    can run at half oneDNN's, so the floor counts the faster of the two at every shape."""
+    wheels), ``'onednn'`` oneDNN's own linear (``torch.ops.mkldnn._linear_pointwise``), ``'onednn prepacked'`` the
+    same with the weight reordered into oneDNN's blocked layout beforehand (:mod:`mmplugin.models.layers.prepack`).
+    On AMD CPUs MKL's fp32 GEMM can run at half oneDNN's, so the floor counts the fastest kernel at every shape."""
     a, w = torch.randn(m, k, dtype=dtype), torch.randn(n, k, dtype=dtype)
     b = torch.randn(n, dtype=dtype) if bias else None
     if kernel == 'mkl':
         return lambda: F.linear(a, w, b)
     if kernel == 'onednn':
         return lambda: torch.ops.mkldnn._linear_pointwise(a, w, b, 'none', [], '')
+    if kernel == 'onednn prepacked':
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, 4096)
+        return lambda: torch.ops.mkldnn._linear_pointwise(a, packed, b, 'none', [], '')
     raise ValueError(f'kernel must be one of {KERNELS}, got {kernel!r}')
 
 

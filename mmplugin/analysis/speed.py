@@ -16,6 +16,8 @@ from mmplugin.utils.timing import interleaved, matmul_peak_call
 
 __all__ = ['cpu_description', 'backbone_rows', 'training_rows', 'whole_model_rows']
 
+PREPACKED_ROW = 'mmplugin prepacked'  # the linear weights frozen and packed, as --fast runs them
+
 
 def cpu_description() -> str:
     """The CPU model with family / model numbers and its vector extensions, e.g. ``'... (family 6, model 167;
@@ -31,7 +33,9 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
     """Timed rows of backbone ``family``/``arch`` at ``size`` (batch 1, eval, random weights).
 
     Args:
-        runtimes: any of ``'eager'``, ``'compiled'`` (``torch.compile``, inductor, frozen weights, the input's static
+        runtimes: any of ``'eager'`` (the plugin's model as it is, and as ``--fast`` runs it: row
+            ``mmplugin prepacked``, :mod:`mmplugin.models.layers.prepack`),
+            ``'compiled'`` (``torch.compile``, inductor, frozen weights, the input's static
             shape), ``'onnxruntime'``, ``'openvino'`` (ONNX export into ``workdir``; bf16 too where native).
         bf16: also time bf16 rows (eager autocast, compiled autocast, OpenVINO bf16 inference precision).
 
@@ -49,6 +53,7 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
     from mmplugin.analysis.complexity import backbone_complexity
     from mmplugin.analysis.peers import build_peers
     from mmplugin.models.backbones.base import get_family
+    from mmplugin.models.layers.prepack import prepack_weights
     from mmplugin.utils.numerics import max_rel_error
     torch.manual_seed(0)
     ours = get_family(family)(arch).eval()
@@ -68,13 +73,17 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
                 outs[fn] = flatten_outputs(m(x))
         return fn
 
+    # the form --fast runs: a copy whose linear weights stay packed in oneDNN's layout (the packs follow a parameter)
+    packed = prepack_weights(copy.deepcopy(ours))
     for name, m in peers.items():
         fns[(name, 'eager', 'fp32')] = eager(m)
     fns[('mmplugin', 'eager', 'fp32')] = eager(ours)
+    fns[(PREPACKED_ROW, 'eager', 'fp32')] = eager(packed)
     if bf16:
         for name, m in peers.items():
             fns[(name, 'eager', 'bf16 autocast')] = eager(m, torch.bfloat16)
         fns[('mmplugin', 'eager', 'bf16 autocast')] = eager(ours, torch.bfloat16)
+        fns[(PREPACKED_ROW, 'eager', 'bf16 autocast')] = eager(packed, torch.bfloat16)
     if 'compiled' in runtimes:
         compiled = _compiled_for(ours, x)
         fns[('mmplugin', 'compiled', 'fp32')] = eager(compiled)
@@ -119,7 +128,7 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
     baseline = times[next(iter(times))]
     rows = []
     for p, sec in gemm.items():
-        rows.append(dict(backbone=f'{family} {arch}', impl='GEMMs alone', runtime='faster of MKL / oneDNN',
+        rows.append(dict(backbone=f'{family} {arch}', impl='GEMMs alone', runtime='fastest kernel per shape',
                          precision=p, seconds=sec, gflops=None, ratio=baseline / sec, rel_err=None,
                          model_gflop=flops / 1e9, peak_gflops=peaks[p], gemm_ratio=1.0))
     for key, sec in times.items():

@@ -23,8 +23,9 @@ def add_inference_options(p) -> None:
                    help='--compile static: input sizes that get a graph; images of further sizes run eager (default 8)')
     p.add_argument('--fast', nargs='?', const='auto', choices=('auto', 'bf16', 'fp16'), default=None,
                    help='backbone + neck in reduced precision, heads fp32 (auto: bf16 on CPUs with AVX512-BF16/AMX '
-                        'and on Ampere+ GPUs, fp16 on older GPUs; fp32 with a warning elsewhere). Before positional '
-                        'arguments write --fast=MODE')
+                        'and on Ampere+ GPUs, fp16 on older GPUs; fp32 with a warning elsewhere); on a CPU also '
+                        'linear weights kept packed in oneDNN\'s layout. Before positional arguments write '
+                        '--fast=MODE')
     from mmplugin.inference.runtime import RUNTIMES
     p.add_argument('--runtime', choices=RUNTIMES, default='pytorch',
                    help='where backbone + neck run (CPU): openvino / onnxruntime export them to ONNX once after '

@@ -10,10 +10,11 @@ weights, static shape; ``compiled``), exported to ONNX (dynamic sizes) in onnxru
 installed; compiled for the input's shape, f32 and, where the CPU has bf16 kernels, bf16 inference precision), and
 under bf16 autocast where the CPU has bf16 kernels (``--bf16 on`` forces it on CPUs that emulate bf16). Beside them,
 in the same rounds: the plugin's GEMM-only time (every linear and 1x1 convolution of its forward alone at its shape,
-on the faster of MKL and oneDNN: row "GEMMs alone"; column "x its GEMMs" = a row's time over it) and a 4096x4096
-product on the faster kernel (the "matmul peak"). Each row gives GFLOP/s (2 x the multiply-adds counted by
-``tools/get_flops.py``), its share of that peak, the speed ratio to the first peer, and the accuracy cost (max
-relative error of the outputs against the plugin's eager fp32 outputs).
+on the fastest of MKL, oneDNN and oneDNN with a prepacked weight: row "GEMMs alone"; column "x its GEMMs" = a row's
+time over it) and a 4096x4096 product on the faster kernel (the "matmul peak"). Each row gives GFLOP/s (2 x the
+multiply-adds counted by ``tools/get_flops.py``), its share of that peak, the speed ratio to the first peer, and the
+accuracy cost (max relative error of the outputs against the plugin's eager fp32 outputs). Row "mmplugin
+prepacked" is the plugin as ``--fast`` runs it (linear weights frozen and packed).
 
 ``--train [HxW]`` adds backbone training steps (batch 2, AdamW; fp32 and bf16 autocast) of the peers and the
 plugin beside the plugin's GEMM-only step, with peak memory in fresh processes; with ``--runtimes ... compiled``

@@ -66,10 +66,13 @@ def native_low_precision(device: torch.device | str = 'cpu') -> torch.dtype | No
 
 
 def fast_inference_message(mode: str, dtype: torch.dtype | None) -> str:
-    """What the tools print after :func:`enable_fast_inference`: the dtype used and whether freed memory is kept."""
+    """What the tools print after :func:`enable_fast_inference`: the dtype used, whether freed memory is kept, and how
+    many linear weights are frozen for packing."""
     from mmplugin.inference.allocator import retained
+    from mmplugin.models.layers.prepack import frozen_count
     return (f'--fast {mode}: backbone + neck in {dtype or "torch.float32"}, heads in torch.float32'
-            + ('; freed memory kept in the process (glibc)' if retained() else ''))
+            + ('; freed memory kept in the process (glibc)' if retained() else '')
+            + (f'; {frozen_count()} linear weights frozen and packed (oneDNN)' if frozen_count() else ''))
 
 
 def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.device | str = 'cpu'):
@@ -83,7 +86,9 @@ def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.de
     and mmseg segmentors (both route images through ``extract_feat``); the model's weights stay fp32, so
     checkpoints and ``state_dict`` keys are unchanged. On a CPU it also keeps freed memory in the process
     (:func:`mmplugin.inference.allocator.retain_freed_memory`, glibc: large activations are not page-faulted in
-    again on every image), process-wide.
+    again on every image), process-wide, and treats the model's linear weights as frozen: the fused inference
+    linears keep them packed in oneDNN's layout (:func:`mmplugin.models.layers.prepack.prepack_weights`; fp32 runs
+    use this too).
     """
     import warnings
     if mode not in FAST_MODES:
@@ -92,6 +97,11 @@ def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.de
     if not callable(getattr(model, 'extract_feat', None)):
         raise TypeError(f'{type(model).__name__} has no extract_feat(); fast inference wraps the backbone + neck of '
                         'mmdet detectors and mmseg segmentors')
+    if device.type == 'cpu':
+        from mmplugin.inference.allocator import retain_freed_memory
+        from mmplugin.models.layers.prepack import prepack_weights
+        retain_freed_memory()
+        prepack_weights(model)
     if mode == 'auto':
         dtype = native_low_precision(device)
         if dtype is None:
@@ -104,9 +114,6 @@ def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.de
         if dtype not in native_dtypes(device):
             warnings.warn(f'--fast {mode}: {device.type} has no native {mode} kernels; it runs emulated (slower than '
                           'fp32). Useful to measure the accuracy cost only', stacklevel=2)
-    if device.type == 'cpu':
-        from mmplugin.inference.allocator import retain_freed_memory
-        retain_freed_memory()
     plain = model.extract_feat
 
     def extract_feat(inputs, *args, **kwargs):

@@ -19,9 +19,10 @@ import shlex
 import shutil
 import subprocess
 import tempfile
+import warnings
 from pathlib import Path
 
-__all__ = ['ISA_FLAGS', 'KernelUnavailable', 'cpu_isa', 'kernel_cache_dir', 'load_kernels']
+__all__ = ['ISA_FLAGS', 'KernelUnavailable', 'cpu_isa', 'kernel_cache_dir', 'load_kernels', 'kernel_library']
 
 _SOURCES = Path(__file__).parent
 _FLAGS = ['-O3', '-shared', '-fPIC', '-std=c99']
@@ -103,6 +104,27 @@ def load_kernels(name: str, isa: str | None = None) -> ctypes.CDLL:
         return ctypes.CDLL(str(target))
     except OSError as e:
         raise KernelUnavailable(f'cannot load {target}: {e}') from e
+
+
+_libraries: dict[tuple[str, str], ctypes.CDLL | None] = {}
+
+
+def kernel_library(name: str, signatures: dict[str, list], fallback: str) -> ctypes.CDLL | None:
+    """The library ``name`` built for the ISA torch dispatches to (:func:`cpu_isa`), its functions typed from
+    ``signatures`` (function name -> ctypes argument types; each returns an ``int`` status), or None where it cannot
+    be built: warned once per ISA as ``"{fallback}: {reason}"`` and not retried."""
+    key = (name, cpu_isa())
+    if key not in _libraries:
+        try:
+            lib = load_kernels(name, key[1])
+        except KernelUnavailable as e:
+            warnings.warn(f'{fallback}: {e}', stacklevel=4)
+            lib = None
+        for fn_name, args in signatures.items() if lib is not None else ():
+            fn = getattr(lib, fn_name)
+            fn.argtypes, fn.restype = args, ctypes.c_int
+        _libraries[key] = lib
+    return _libraries[key]
 
 
 def _build(cc: list[str], flags: list[str], source: Path, target: Path) -> None:

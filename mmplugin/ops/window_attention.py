@@ -17,14 +17,12 @@ against the float64 formulation.
 from __future__ import annotations
 
 import ctypes
-import warnings
 import weakref
 
 import torch
-import torch.autograd.forward_ad as fwAD
-from torch.utils._python_dispatch import _get_current_dispatch_mode
 
-from mmplugin.ops.build import KernelUnavailable, cpu_isa, load_kernels
+from mmplugin.ops.build import kernel_library
+from mmplugin.ops.eligible import eager_context, plain_cpu
 
 __all__ = ['available', 'window_attention', 'map_window_attention', 'fast_kernel_applies']
 
@@ -32,24 +30,12 @@ _SUFFIX = {torch.float32: 'f32', torch.bfloat16: 'bf16'}
 _ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 9 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [
     ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int64,
     ctypes.c_int64]
-_libs: dict[str, ctypes.CDLL | None] = {}
 
 
 def _kernels() -> ctypes.CDLL | None:
     """The library for the current ISA, or None where it cannot be built (warned once per ISA, not retried)."""
-    isa = cpu_isa()
-    if isa not in _libs:
-        try:
-            lib = load_kernels('window_attention', isa)
-        except KernelUnavailable as e:
-            warnings.warn(f'Swin window attention runs in PyTorch SDPA: {e}', stacklevel=3)
-            lib = None
-        if lib is not None:
-            for suffix in _SUFFIX.values():
-                fn = getattr(lib, f'mmplugin_window_attention_{suffix}')
-                fn.argtypes, fn.restype = _ARGS, ctypes.c_int
-        _libs[isa] = lib
-    return _libs[isa]
+    return kernel_library('window_attention', {f'mmplugin_window_attention_{s}': _ARGS for s in _SUFFIX.values()},
+                          'Swin window attention runs in PyTorch SDPA')
 
 
 def available() -> bool:
@@ -57,17 +43,9 @@ def available() -> bool:
     return _kernels() is not None
 
 
-def _plain_cpu(t: torch.Tensor | None) -> bool:
-    """A real CPU tensor whose memory the kernel may read: not a fake / meta / subclass tensor, no dual tangent."""
-    return t is None or (type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type == 'cpu'
-                         and fwAD.unpack_dual(t).tangent is None)
-
-
 def fast_kernel_applies(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float = 0.0) -> bool:
     """Whether :func:`window_attention` runs the kernel for these ``(windows, heads, N, d)`` queries, keys, values."""
-    return (not (torch.jit.is_tracing() or torch.jit.is_scripting() or torch.onnx.is_in_onnx_export()
-                 or torch.compiler.is_compiling() or torch.compiler.is_exporting())
-            and _get_current_dispatch_mode() is None and all(_plain_cpu(t) for t in (q, k, v))
+    return (eager_context() and all(plain_cpu(t) for t in (q, k, v))
             and q.dtype in _SUFFIX and k.dtype == v.dtype == q.dtype and not dropout
             and q.dim() == k.dim() == v.dim() == 4 and q.shape == k.shape == v.shape
             and all(t.stride(-1) == 1 for t in (q, k, v))
@@ -128,7 +106,7 @@ def map_window_attention(qkv: torch.Tensor, pad: torch.Tensor, rows: torch.Tenso
     q4, k4, v4 = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, L, d): the stride layout window_attention reads
     if not fast_kernel_applies(q4, k4, v4):
         return None
-    if not (_plain_cpu(pad) and _plain_cpu(rows)):
+    if not (plain_cpu(pad) and plain_cpu(rows)):
         return None
     if pad.dtype != qkv.dtype or pad.shape != (c3, ) or rows.dtype != torch.int64 or not rows.is_contiguous():
         raise ValueError('map window attention: pad must be the (3C,) projection of a zero token in qkv\'s dtype and '
@@ -171,7 +149,7 @@ def _run(q, k, v, pos, mask, scale, cosine, out, windows: int, nw: int, rows=Non
     """The kernel call shared by both layouts: checks, fp32 bias and logit scale, the call, its error."""
     heads, d = q.shape[1], q.shape[3]
     n = q.shape[2] if n is None else n
-    if not all(_plain_cpu(t) for t in (pos, mask, cosine)):
+    if not all(plain_cpu(t) for t in (pos, mask, cosine)):
         return None
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (pos, mask, cosine)):
         return None

@@ -80,14 +80,17 @@ def test_help(tool):
 
 
 def test_speed_table_rows(capsys):
-    """One row per peer and the plugin, and the plugin's GEMM-only row; rows of implementations computing the same
-    function carry their error against the plugin's eager fp32 outputs (< conftest.FP32_PARITY); the plugin's
-    rows carry their time over the GEMM-only time, which is the sum of its GEMMs (so below the forward's)."""
+    """One row per peer and the plugin (as it is, and prepacked as --fast runs it), and the plugin's GEMM-only row;
+    rows of implementations computing the same function carry their error against the plugin's eager fp32 outputs
+    (< conftest.FP32_PARITY); the plugin's rows carry their time over the GEMM-only time, which is the sum of its
+    GEMMs (so below the forward's)."""
     from mmplugin.cli import speed_table
     rows, whole, train, detector = speed_table.main(['--size', '64x96', '--rounds', '1', '--runtimes', 'eager',
                                                      '--models', 'swin:tiny', '--bf16', 'off'])
     by_impl = {r['impl']: r for r in rows}
-    assert set(by_impl) == {'GEMMs alone', 'mmdet-swin', 'mmplugin'} and not whole and not train and not detector
+    assert set(by_impl) == {'GEMMs alone', 'mmdet-swin', 'mmplugin', 'mmplugin prepacked'}
+    assert not whole and not train and not detector
+    assert by_impl['mmplugin prepacked']['rel_err'] < FP32_PARITY  # --fast's packed weights: the same function
     assert by_impl['mmdet-swin']['ratio'] == 1.0  # the first peer is the baseline
     assert by_impl['mmdet-swin']['rel_err'] < FP32_PARITY  # mmdet's Swin with the plugin's weights: the same function
     assert by_impl['mmplugin']['rel_err'] == 0.0
@@ -95,7 +98,7 @@ def test_speed_table_rows(capsys):
     assert by_impl['mmplugin']['gemm_ratio'] == pytest.approx(by_impl['mmplugin']['seconds'] / gemm)
     assert by_impl['mmdet-swin']['gemm_ratio'] is None  # only the plugin's own GEMMs are timed
     out = capsys.readouterr().out
-    assert 'CPU: ' in out and 'command: python tools/speed_table.py' in out and out.count('| swin tiny') == 3
+    assert 'CPU: ' in out and 'command: python tools/speed_table.py' in out and out.count('| swin tiny') == 4
 
 
 @pytest.mark.heavy

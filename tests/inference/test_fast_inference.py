@@ -64,6 +64,12 @@ def test_fast_inference_backbone_neck_low_precision_heads_fp32(monkeypatch):
         assert fast.enable_fast_inference(model, 'bf16') is torch.bfloat16
     with torch.no_grad():
         got = model.extract_feat(x)
+    from mmplugin.models.layers import prepack
+    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert all(id(w) in prepack._FROZEN for w in linears) or not prepack._AVAILABLE  # frozen for packing
+    message = fast.fast_inference_message('bf16', torch.bfloat16)
+    assert ('linear weights frozen and packed' in message) == prepack._AVAILABLE, message
+    prepack.release_prepacked(model)
     assert set(seen) == {torch.bfloat16}
     assert all(g.dtype == torch.float32 for g in got)
     err = max_rel_error(got, ref)
@@ -81,7 +87,7 @@ def test_fast_inference_auto_follows_the_hardware(monkeypatch):
     monkeypatch.setattr(fast, 'native_low_precision', lambda device='cpu': None)
     with pytest.warns(UserWarning, match='running fp32'):
         assert fast.enable_fast_inference(model, 'auto') is None
-    assert model.extract_feat == plain  # untouched: fp32 as before
+    assert model.extract_feat == plain  # fp32 as before (its linear weights frozen for packing, as for bf16)
     monkeypatch.setattr(fast, 'native_low_precision', lambda device='cpu': torch.bfloat16)
     import warnings
     with warnings.catch_warnings():

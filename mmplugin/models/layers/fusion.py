@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmplugin.models.layers.gemm import onednn_ops_available, train_linear
+from mmplugin.models.layers.prepack import prepacked
 
 
 def bn_scale_shift(bn: _BatchNorm) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,6 +168,13 @@ def _operands(dtype: torch.dtype, x: torch.Tensor, w: torch.Tensor, b: torch.Ten
     return x.to(dtype), w.to(dtype), None if b is None else b.to(dtype)
 
 
+def _linear_operands(dtype: torch.dtype, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None):
+    """:func:`_operands` for oneDNN's linear: a frozen weight's packed copy in ``dtype`` where there is one
+    (:mod:`mmplugin.models.layers.prepack`), else the weight itself, cast."""
+    packed = prepacked(w, dtype)
+    return x.to(dtype), w.to(dtype) if packed is None else packed, None if b is None else b.to(dtype)
+
+
 def add_residual(out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     """``out + residual``, in place into ``out`` where that keeps the promoted dtype; otherwise out of place, as
     the reference formulations' ``x + f(x)``: under autocast ``out`` is bf16 / fp16 while the residual stream stays
@@ -220,7 +228,7 @@ def linear(x: torch.Tensor, layer: nn.Linear, weight: torch.Tensor | None = None
     b = layer.bias if weight is None else bias
     dtype = fused_dtype(x, w, b)
     if dtype is not None:
-        return torch.ops.mkldnn._linear_pointwise(*_operands(dtype, x, w, b), 'none', [], '')
+        return torch.ops.mkldnn._linear_pointwise(*_linear_operands(dtype, x, w, b), 'none', [], '')
     return train_linear(x, w, b)
 
 
@@ -232,8 +240,8 @@ def linear_act(x: torch.Tensor, linear: nn.Linear, act: str) -> torch.Tensor:
     and NaN in gives NaN out."""
     dtype = fused_dtype(x, linear.weight, linear.bias) if act == 'gelu' else None
     if dtype is not None:
-        return torch.ops.mkldnn._linear_pointwise(*_operands(dtype, x, linear.weight, linear.bias), 'gelu', [],
-                                                  'none')
+        return torch.ops.mkldnn._linear_pointwise(*_linear_operands(dtype, x, linear.weight, linear.bias), 'gelu',
+                                                  [], 'none')
     return _act(train_linear(x, linear.weight, linear.bias), act)
 
 
@@ -243,7 +251,7 @@ def linear_add(x: torch.Tensor, linear: nn.Linear, residual: torch.Tensor) -> to
     (:func:`add_residual`): under autocast the GEMM runs in bf16 and an fp32 residual stream stays fp32."""
     dtype = fused_dtype(x, linear.weight, linear.bias)
     if dtype is not None and not residual.requires_grad:
-        x, w, b = _operands(dtype, x, linear.weight, linear.bias)
+        x, w, b = _linear_operands(dtype, x, linear.weight, linear.bias)
         if residual.dtype == dtype:
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, b, 'add')
         return add_residual(torch.ops.mkldnn._linear_pointwise(x, w, b, 'none', [], ''), residual)

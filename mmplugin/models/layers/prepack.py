@@ -1,0 +1,73 @@
+"""Linear weights kept in oneDNN's blocked layout (and in bf16 where the product runs in bf16) for CPU inference.
+
+Why: oneDNN's linear reorders a plain ``(N, K)`` weight into its blocked layout on every call, and under bf16
+autocast the weight is first cast to bf16, on every call too. Swin-T at 800x1216, 2 threads, AMD EPYC family 25
+model 17 (Zen 4), all linears of one forward timed at their shapes (``tools/speed_table.py`` rows ``GEMMs alone``):
+fp32 785 ms plain, 724 ms prepacked; bf16 397 ms cast on every call, 389 ms cast once, 372 ms prepacked.
+
+Frozen weights only: :func:`prepack_weights` marks a module's parameters as constant for inference (what
+``--fast`` does), and the fused linears of :mod:`mmplugin.models.layers.fusion` then use a packed copy per parameter
+and dtype, made on first use. A parameter updated in place through itself (``load_state_dict``, ``copy_``, an
+optimizer step: its version counter changes) or given new storage is packed again; writes through ``.data``, which
+bypass the version counter, are not seen. The packed copies take the weights' memory once more (bf16: half) and
+are freed with their parameters or by :func:`release_prepacked`.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch import nn
+
+from mmplugin.models.layers.gemm import onednn_ops_available
+
+__all__ = ['prepack_weights', 'release_prepacked', 'prepacked', 'frozen_count']
+
+_AVAILABLE = onednn_ops_available('_linear_pointwise', '_reorder_linear_weight')
+_FROZEN: dict[int, weakref.ref] = {}  # id(parameter) -> weak reference: parameters that may be prepacked
+_PACKED: dict[tuple[int, torch.dtype], tuple] = {}  # (id, dtype) -> (version, data pointer, packed weight)
+
+
+def _forget(key: int) -> None:
+    _FROZEN.pop(key, None)
+    for dtype in [d for i, d in _PACKED if i == key]:
+        _PACKED.pop((key, dtype), None)
+
+
+def prepack_weights(module: nn.Module) -> nn.Module:
+    """Mark every linear weight of ``module`` as frozen for CPU inference (packed on first use, see the module
+    docstring); returns ``module``. State dicts, checkpoints and training are unaffected: training paths never read
+    the packed copies."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear) and _AVAILABLE:
+            key = id(m.weight)
+            _FROZEN[key] = weakref.ref(m.weight, lambda _, key=key: _forget(key))
+    return module
+
+
+def release_prepacked(module: nn.Module | None = None) -> None:
+    """Drop the packed copies and the frozen marks of ``module``'s parameters (of every module where None)."""
+    keys = list(_FROZEN) if module is None else [id(p) for p in module.parameters() if id(p) in _FROZEN]
+    for key in keys:
+        _forget(key)
+
+
+def prepacked(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+    """The packed ``dtype`` copy of a frozen ``(N, K)`` weight for ``torch.ops.mkldnn._linear_pointwise``, or None
+    where ``weight`` is not frozen (a computed tensor, or a parameter never passed to :func:`prepack_weights`)."""
+    key = id(weight)
+    ref = _FROZEN.get(key)
+    if ref is None or ref() is not weight or weight.device.type != 'cpu' or weight.dim() != 2:
+        return None
+    stamp = (weight._version, weight.data_ptr())
+    entry = _PACKED.get((key, dtype))
+    if entry is None or entry[:2] != stamp:
+        with torch.no_grad():
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), 4096)
+        entry = _PACKED[(key, dtype)] = (*stamp, packed)
+    return entry[2]
+
+
+def frozen_count() -> int:
+    """How many live parameters are frozen for packing (process-wide)."""
+    return sum(ref() is not None for ref in list(_FROZEN.values()))
