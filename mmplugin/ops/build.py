@@ -34,8 +34,11 @@ _FLAGS = ['-O3', '-shared', '-fPIC', '-std=c99']
 _KERNEL_FLAGS = {'roi_align': ['-ffp-contract=off'], 'window_attention': ['-ffp-contract=fast', '-fopenmp']}
 # vector code for the kernel family torch dispatches to (torch.backends.cpu.get_cpu_capability(), which
 # ATEN_CPU_CAPABILITY lowers), so a library never uses instructions the process was told to avoid
-ISA_FLAGS = {'AVX512': ['-mavx512f', '-mavx512bw', '-mavx512vl', '-mavx512dq', '-mfma', '-DMMP_VW=16'],
-             'AVX2': ['-mavx2', '-mfma', '-DMMP_VW=8'], 'DEFAULT': ['-DMMP_VW=4']}
+# (AVX512_BF16: AVX-512 plus the bf16 dot-product instructions, where the CPU has them: window attention's bf16 path
+# multiplies bf16 operands two per lane)
+_AVX512 = ['-mavx512f', '-mavx512bw', '-mavx512vl', '-mavx512dq', '-mfma', '-DMMP_VW=16']
+ISA_FLAGS = {'AVX512_BF16': [*_AVX512, '-mavx512bf16'], 'AVX512': _AVX512, 'AVX2': ['-mavx2', '-mfma', '-DMMP_VW=8'],
+             'DEFAULT': ['-DMMP_VW=4']}
 
 
 class KernelUnavailable(RuntimeError):
@@ -61,10 +64,12 @@ def _compiler() -> list[str]:
 
 
 def cpu_isa() -> str:
-    """The vector ISA a kernel is built for: ``'AVX512'``, ``'AVX2'`` (x86-64, as torch dispatches) or
-    ``'DEFAULT'``."""
+    """The vector ISA a kernel is built for: ``'AVX512_BF16'`` (AVX-512 with the bf16 dot products),
+    ``'AVX512'``, ``'AVX2'`` (x86-64, as torch dispatches: ``ATEN_CPU_CAPABILITY`` lowers it) or ``'DEFAULT'``."""
     import torch
     cap = torch.backends.cpu.get_cpu_capability() if platform.machine() in ('x86_64', 'AMD64') else 'DEFAULT'
+    if cap == 'AVX512' and torch.cpu._is_avx512_bf16_supported():
+        return 'AVX512_BF16'
     return cap if cap in ISA_FLAGS else 'DEFAULT'
 
 

@@ -21,7 +21,11 @@
  * Swin V2's cosine attention: with cosine (heads floats, the per-head logit scale) q and k rows are normalised as
  * F.normalize does, x / max(|x|_2, 1e-12), in fp32, and q is multiplied by its head's scale (times scale).
  * Element types: fp32 (suffix f32) and bf16 (suffix bf16: loaded into fp32, computed in fp32, rounded to nearest
- * even on the store).
+ * even on the store). Built for AVX512-BF16 (-mavx512bf16), the bf16 entry multiplies bf16 operands two per lane
+ * (vdpbf16ps: exact products summed in fp32, subnormal inputs and results flushed to zero), q k^T from the operands
+ * as they are and the softmax numerators rounded to bf16 for their product with v (each within 2^-8 relative, as a
+ * bf16 matmul of the probabilities rounds them); Swin V2's cosine attention, which normalises q and k in fp32,
+ * keeps the fp32 arithmetic.
  *
  * Non-finite values: NaN in a query, key or score makes that query row NaN (its sum is NaN), a NaN or infinite value
  * reaches every query row of its window through the products, +inf scores give NaN rows (inf - inf) and -inf scores
@@ -32,7 +36,8 @@
  * callers then run PyTorch's SDPA, warned once).
  *
  * Parallel: a call handles the windows [begin, end), so callers split the windows over threads; each window writes
- * its own output rows.
+ * its own output rows. Memory: while a window is computed, the rows of the next are prefetched (the q, k, v of a
+ * window are gathered from a projection map larger than the caches: about 30% of a bf16 call waited on those reads).
  */
 #include <math.h>
 #include <stdint.h>
@@ -46,6 +51,7 @@
 #define ROWS (VW >= 16 ? 4 : 2) /* query rows per register block */
 #define KV 4                    /* score vectors per row block: columns are padded to KV * VW */
 #define DV 2                    /* output vectors per row block: head dims are padded to DV * VW */
+#define AHEAD 1                 /* windows between the one computed and the one whose rows are prefetched */
 
 typedef float vf __attribute__((vector_size(VW * 4)));
 typedef int32_t vi __attribute__((vector_size(VW * 4)));
@@ -219,6 +225,133 @@ static void attend_unit(const float *qp, const float *kt, const float *vp, const
     }
 }
 
+#if defined(__AVX512BF16__) && VW == 16
+#include <immintrin.h>
+#define BF16_DOT 1
+
+/* One (window, head) from bf16 operands with AVX512-BF16 dot products (vdpbf16ps: two bf16 products per fp32 lane,
+ * exact, summed in fp32): half the multiply instructions of attend_unit. qb (n rounded up to ROWS, d) the queries as
+ * they are, rows beyond n zero; kb (d / 2, np, 2) the keys as pairs along d, columns beyond n zero; vb (n rounded up
+ * to 2, dp) as pairs along the tokens, (t / 2, c, t % 2), rows beyond n zero; bias as attend_unit's. The scores are
+ * scale * (q k^T) + bias; the softmax numerators are rounded to bf16 (relative error at most 2^-8 each) for the
+ * product with v, and each row is divided by the fp32 sum of its unrounded numerators. d must be even.
+ * scores: ROWS * np floats, pb: ROWS * np bf16 of scratch. Writes the (n, dp) output to out. */
+static void attend_unit_bf16dot(const uint16_t *qb, const uint16_t *kb, const uint16_t *vb, const float *bias,
+                                int64_t n, int64_t d, int64_t np, int64_t dp, float scale, float *scores,
+                                uint16_t *pb, float *out) {
+    const float inf = __builtin_inff();
+    const int64_t n2 = (n + 1) / 2;
+    for (int64_t i0 = 0; i0 < n; i0 += ROWS) {
+        const int rows = n - i0 < ROWS ? (int)(n - i0) : ROWS;
+        vf rmax[ROWS];
+        for (int r = 0; r < ROWS; r++) rmax[r] = splat(-inf);
+        for (int64_t c0 = 0; c0 < np; c0 += KV * VW) {
+            __m512 acc[ROWS][KV];
+            for (int r = 0; r < ROWS; r++)
+                for (int j = 0; j < KV; j++) acc[r][j] = _mm512_setzero_ps();
+            for (int64_t c2 = 0; c2 < d / 2; c2++) {
+                __m512bh kv[KV];
+                for (int j = 0; j < KV; j++) kv[j] = (__m512bh)_mm512_loadu_si512(kb + (c2 * np + c0 + j * VW) * 2);
+                for (int r = 0; r < ROWS; r++) {
+                    uint32_t pair;
+                    memcpy(&pair, qb + (i0 + r) * d + 2 * c2, sizeof(pair));
+                    const __m512bh qs = (__m512bh)_mm512_set1_epi32((int)pair);
+                    for (int j = 0; j < KV; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qs, kv[j]);
+                }
+            }
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < KV; j++) {
+                    vf a, b;
+                    memcpy(&a, &acc[r][j], sizeof(vf));
+                    memcpy(&b, bias + (i0 + r) * np + c0 + j * VW, sizeof(vf));
+                    vf sv = a * splat(scale) + b;
+                    rmax[r] = vmax(rmax[r], sv);
+                    memcpy(scores + r * np + c0 + j * VW, &sv, sizeof(vf));
+                }
+        }
+        float sums[ROWS];
+        for (int r = 0; r < ROWS; r++) {
+            sums[r] = 1.0f;
+            if (r >= rows) { /* rows beyond n: zero weights */
+                memset(pb + r * np, 0, (size_t)np * sizeof(uint16_t));
+                continue;
+            }
+            float *s = scores + r * np;
+            const vf mx = splat(hmax(rmax[r]));
+            vf sum = splat(0.0f);
+            for (int64_t j = 0; j < np; j += 2 * VW) {
+                vf x0, x1;
+                memcpy(&x0, s + j, sizeof(vf));
+                memcpy(&x1, s + j + VW, sizeof(vf));
+                x0 = vexp(x0 - mx);
+                x1 = vexp(x1 - mx);
+                sum += x0 + x1;
+                __m512 a0, a1;
+                memcpy(&a0, &x0, sizeof(a0));
+                memcpy(&a1, &x1, sizeof(a1));
+                _mm512_storeu_si512(pb + r * np + j, (__m512i)_mm512_cvtne2ps_pbh(a1, a0)); /* NaN stays NaN */
+            }
+            sums[r] = hsum(sum);
+        }
+        for (int64_t c0 = 0; c0 < dp; c0 += DV * VW) {
+            __m512 acc[ROWS][DV];
+            for (int r = 0; r < ROWS; r++)
+                for (int j = 0; j < DV; j++) acc[r][j] = _mm512_setzero_ps();
+            for (int64_t t2 = 0; t2 < n2; t2++) {
+                __m512bh vv[DV];
+                for (int j = 0; j < DV; j++) vv[j] = (__m512bh)_mm512_loadu_si512(vb + (t2 * dp + c0 + j * VW) * 2);
+                for (int r = 0; r < ROWS; r++) {
+                    uint32_t pair;
+                    memcpy(&pair, pb + r * np + 2 * t2, sizeof(pair));
+                    const __m512bh ps = (__m512bh)_mm512_set1_epi32((int)pair);
+                    for (int j = 0; j < DV; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], ps, vv[j]);
+                }
+            }
+            for (int r = 0; r < rows; r++)
+                for (int j = 0; j < DV; j++) {
+                    vf o;
+                    memcpy(&o, &acc[r][j], sizeof(vf));
+                    o = o / splat(sums[r]);
+                    memcpy(out + (i0 + r) * dp + c0 + j * VW, &o, sizeof(vf));
+                }
+        }
+    }
+}
+
+/* Token i of a window into attend_unit_bf16dot's layouts, every head (head h's buffers at buf + h * per_head, as
+ * the fp32 path's): q as it is; k's pairs along d into column i (one 32-bit word per pair); at an odd token, or the
+ * last of an odd count (paired with zeros), the two tokens' values interleaved into pairs. vprev: token i - 1's
+ * value row (unused at even i). */
+static inline void pack_token_bf16dot(const uint16_t *qr, const uint16_t *kr, const uint16_t *vr,
+                                      const uint16_t *vprev, int64_t q_h, int64_t k_h, int64_t v_h, int64_t heads,
+                                      int64_t i, int64_t n, int64_t d, int64_t nq, int64_t np, int64_t dp,
+                                      int64_t per_head, float *buf) {
+    const int pair_v = i % 2 == 1 || i == n - 1;
+    for (int64_t h = 0; h < heads; h++) {
+        float *slot = buf + h * per_head;
+        memcpy((uint16_t *)slot + i * d, qr + h * q_h, (size_t)d * sizeof(uint16_t));
+        uint32_t *kb = (uint32_t *)(slot + nq * d) + i;
+        const uint16_t *ki = kr + h * k_h;
+        for (int64_t c2 = 0; c2 < d / 2; c2++) {
+            uint32_t pair;
+            memcpy(&pair, ki + 2 * c2, sizeof(pair));
+            kb[c2 * np] = pair;
+        }
+        if (!pair_v) continue;
+        uint32_t *vb = (uint32_t *)(slot + nq * d + d * np) + i / 2 * dp;
+        const uint16_t *lo = i % 2 ? vprev + h * v_h : vr + h * v_h, *hi = i % 2 ? vr + h * v_h : NULL;
+        int64_t c = 0;
+        for (; c + VW <= d; c += VW) {
+            __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(lo + c)));
+            __m512i b = hi == NULL ? _mm512_setzero_si512()
+                                   : _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(hi + c))), 16);
+            _mm512_storeu_si512(vb + c, _mm512_or_si512(a, b));
+        }
+        for (; c < d; c++) vb[c] = (uint32_t)lo[c] | (hi == NULL ? 0u : (uint32_t)hi[c] << 16);
+    }
+}
+#endif
+
 #define CAT_(a, b) a##b
 #define CAT(a, b) CAT_(a, b)
 
@@ -231,9 +364,11 @@ static void attend_unit(const float *qp, const float *kt, const float *vp, const
 #undef SUFFIX
 #undef LOAD
 #undef STORE
+#undef IS_BF16
 
 #define T uint16_t
 #define SUFFIX bf16
+#define IS_BF16 1
 #define LOAD(p, i) bf16_to_f32((p)[i])
 #define STORE(p, i, x) ((p)[i] = f32_to_bf16(x))
 #include "window_attention_impl.h"
@@ -241,3 +376,4 @@ static void attend_unit(const float *qp, const float *kt, const float *vp, const
 #undef SUFFIX
 #undef LOAD
 #undef STORE
+#undef IS_BF16

@@ -8,11 +8,12 @@ through memory three times. The kernel packs each window's heads once, keeps a f
 registers and the softmax in cache, and adds the position bias and the shift mask in fp32.
 
 Scope: inference only (no autograd: the training paths keep SDPA or the explicit products), fp32 and bf16 queries
-(bf16 is computed in fp32 and rounded once on the store), no dropout, not while tracing, exporting or compiling
-(the graphs keep SDPA, which the exporters and inductor know). Elsewhere :func:`window_attention` returns None and
-the caller runs SDPA. Non-finite values give the formulation's IEEE results (NaN rows where a score is NaN or
-+inf, NaN or inf values reaching every query of their window); tests/engine/test_window_attention.py checks them
-against the float64 formulation.
+(bf16 is computed in fp32 and rounded once on the store; on CPUs with AVX512-BF16 the products take the bf16
+operands two per lane, the probabilities rounded to bf16 for their product with v, as a bf16 matmul would), no
+dropout, not while tracing, exporting or compiling (the graphs keep SDPA, which the exporters and inductor know).
+Elsewhere :func:`window_attention` returns None and the caller runs SDPA. Non-finite values give the formulation's
+IEEE results (NaN rows where a score is NaN or +inf, NaN or inf values reaching every query of their window);
+tests/engine/test_window_attention.py checks them against the float64 formulation.
 """
 from __future__ import annotations
 

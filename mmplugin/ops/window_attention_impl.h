@@ -11,7 +11,14 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
                                             int64_t begin, int64_t end) {
     const int64_t np = round_up(n, KV * VW), dp = round_up(d, DV * VW), nq = round_up(n, ROWS);
     const int64_t per_head = nq * d + d * np + n * dp + n * dp; /* queries, keys transposed, values, results */
-    const int64_t floats = heads * per_head + heads * n * np + ROWS * np;
+    const int64_t floats = heads * per_head + heads * n * np + ROWS * np + ROWS * np; /* + bias, scores, pb */
+#if defined(BF16_DOT) && defined(IS_BF16)
+    /* bf16 operands as they are, in the pair layouts of attend_unit_bf16dot (in the same per-head slots: bf16 takes
+     * half the room); the cosine attention normalises in fp32 and keeps the fp32 path */
+    const int dot = cosine == NULL && d % 2 == 0;
+#else
+    const int dot = 0;
+#endif
     int failed = 0;
 #pragma omp parallel num_threads(end - begin < threads ? (int)(end - begin > 0 ? end - begin : 1) : threads)
     {
@@ -28,6 +35,26 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
 #pragma omp for schedule(static)
     for (int64_t w = begin; w < end; w++) {
         if (buf == NULL) continue;
+        if (w + AHEAD < end) /* the next window's q, k, v rows towards L2 while this one is computed: gathered from a map
+                          * larger than the caches, their first reads otherwise wait on memory */
+            for (int64_t i = 0; i < n; i++) {
+                const T *rq = q + (w + AHEAD) * q_w + i * q_n, *rk = k + (w + AHEAD) * k_w + i * k_n,
+                        *rv = v + (w + AHEAD) * v_w + i * v_n;
+                if (rows != NULL) {
+                    const int64_t r = rows[((w + AHEAD) % nw) * n + i];
+                    if (r < 0) continue;
+                    const int64_t t = ((w + AHEAD) / nw) * img_rows + r;
+                    rq = q + t * q_n, rk = k + t * k_n, rv = v + t * v_n;
+                }
+                for (int64_t e = 0; e < heads * d; e += 64 / (int64_t)sizeof(T)) {
+                    __builtin_prefetch(rq + e, 0, 2);
+                    __builtin_prefetch(rk + e, 0, 2);
+                    __builtin_prefetch(rv + e, 0, 2);
+                }
+            }
+#if defined(BF16_DOT) && defined(IS_BF16)
+        const T *vprev = NULL; /* the previous token's value row (pairs of tokens, bf16 dot products) */
+#endif
         for (int64_t i = 0; i < n; i++) {
             /* the token's q, k and v rows: in the windows' layout, or gathered from the map (padding: pad's row) */
             const T *qr = q + w * q_w + i * q_n, *kr = k + w * k_w + i * k_n, *vr = v + w * v_w + i * v_n;
@@ -38,7 +65,12 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
                 kr = r < 0 ? pad + (k - q) : k + t * k_n;
                 vr = r < 0 ? pad + (v - q) : v + t * v_n;
             }
-            for (int64_t h = 0; h < heads; h++) {
+#if defined(BF16_DOT) && defined(IS_BF16)
+            if (dot)
+                pack_token_bf16dot(qr, kr, vr, vprev, q_h, k_h, v_h, heads, i, n, d, nq, np, dp, per_head, buf);
+            vprev = vr;
+#endif
+            for (int64_t h = 0; !dot && h < heads; h++) {
                 float *restrict qp = buf + h * per_head + i * d, *restrict kt = buf + h * per_head + nq * d + i,
                                 *restrict vp = buf + h * per_head + nq * d + d * np + i * dp;
                 const T *restrict qi = qr + h * q_h, *restrict ki = kr + h * k_h, *restrict vi = vr + h * v_h;
@@ -76,6 +108,13 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
             }
         for (int64_t h = 0; h < heads; h++) {
             float *qp = buf + h * per_head, *kt = qp + nq * d, *vp = kt + d * np, *res = vp + n * dp;
+#if defined(BF16_DOT) && defined(IS_BF16)
+            if (dot) {
+                attend_unit_bf16dot((const uint16_t *)qp, (const uint16_t *)kt, (const uint16_t *)vp, bias + h * n * np,
+                                    n, d, np, dp, scale, scores, (uint16_t *)(scores + ROWS * np), res);
+                continue;
+            }
+#endif
             attend_unit(qp, kt, vp, bias + h * n * np, n, d, np, dp, scores, res);
         }
         for (int64_t i = 0; i < n; i++) {

@@ -50,6 +50,13 @@ def shift_mask(nw, n, seed=0):
     return (labels[:, :, None] != labels[:, None, :]).float() * -100.0
 
 
+def _bf16_bound(n, d, v, ref):
+    """bf16 operands: the fp32 bound and the output's rounding (:func:`_bound`), and where the CPU has AVX512-BF16
+    (the dot-product build) the softmax weights rounded to bf16 for the product with v: each weight within u, so each
+    output within u * sum_t p_t |v_t| <= u * max|v|, relative to the output's largest magnitude."""
+    return _bound(n, d, torch.bfloat16) + U_BF16 * float(v.double().abs().max()) / float(ref.abs().max())
+
+
 def _bound(n, d, dtype):
     """Relative to the output's largest magnitude, for scores of order one (unit-variance q, k, v at Swin's scale
     d^-0.5, a bias of a few units): the scores' d-term sums and the values' n-term sums each contribute at most their
@@ -76,7 +83,8 @@ def test_kernel_equals_the_formulation(shape, dtype, kernel):
         got = wa.window_attention(q, k, v, pos, mask, d**-0.5)
     assert got is not None and got.dtype == dtype and got.shape == (bw, n, heads * d)
     ref = reference(q, k, v, pos, mask, d**-0.5)
-    assert rel_error(got.double(), ref) <= _bound(n, d, dtype)
+    bound = _bound(n, d, dtype) if dtype == torch.float32 else _bf16_bound(n, d, v, ref)
+    assert rel_error(got.double(), ref) <= bound
 
 
 @pytest.mark.numeric
@@ -101,45 +109,51 @@ def test_cosine_attention_equals_the_formulation(dtype, kernel):
     assert rel_error(got.double(), ref) <= fp32 + (U_BF16 if dtype == torch.bfloat16 else 0)
 
 
-def _isa_lib(isa):
+def _isa_lib(isa, suffix):
     try:
         lib = build.load_kernels('window_attention', isa)
     except build.KernelUnavailable as e:
         pytest.skip(f'no {isa} build: {e}')
-    fn = lib.mmplugin_window_attention_f32
+    fn = getattr(lib, f'mmplugin_window_attention_{suffix}')
     fn.argtypes, fn.restype = wa._ARGS, ctypes.c_int
     return fn
 
 
 @pytest.mark.numeric
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('isa', list(build.ISA_FLAGS))
-def test_every_isa_build_computes_the_same_function(isa):
-    """Each vector width (16, 8, 4 floats) is its own build; the CPU may only run the ones it supports."""
-    needs = {'AVX512': torch.cpu._is_avx512_supported(), 'AVX2': torch.cpu._is_avx2_supported(), 'DEFAULT': True}
+def test_every_isa_build_computes_the_same_function(isa, dtype):
+    """Each vector width (16, 8, 4 floats) is its own build, and AVX-512 with the bf16 dot products (bf16 operands
+    multiplied two per lane) another; the CPU may only run the ones it supports."""
+    needs = {'AVX512_BF16': torch.cpu._is_avx512_bf16_supported(), 'AVX512': torch.cpu._is_avx512_supported(),
+             'AVX2': torch.cpu._is_avx2_supported(), 'DEFAULT': True}
     if not needs[isa]:
         pytest.skip(f'this CPU cannot run {isa} code')
-    fn = _isa_lib(isa)
+    fn = _isa_lib(isa, wa._SUFFIX[dtype])
     bw, heads, n, d = 8, 3, 49, 32
-    q, k, v = qkv_views(bw, heads, n, d, seed=3)
+    q, k, v = qkv_views(bw, heads, n, d, seed=3, dtype=dtype)
     pos, mask = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(2)), shift_mask(4, n)
-    out = torch.empty(bw, n, heads * d)
+    out = torch.empty(bw, n, heads * d, dtype=dtype)
     assert fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
               pos.data_ptr(), mask.data_ptr(), None, 4, heads, n, d, d**-0.5, out.data_ptr(), None, None, 0, 2,
               0, bw) == 0
-    assert rel_error(out.double(), reference(q, k, v, pos, mask, d**-0.5)) <= _bound(n, d, torch.float32)
+    ref = reference(q, k, v, pos, mask, d**-0.5)
+    bound = _bound(n, d, dtype) if dtype == torch.float32 else _bf16_bound(n, d, v, ref)
+    assert rel_error(out.double(), ref) <= bound
 
 
 @pytest.mark.numeric
 @pytest.mark.parametrize('masked', [False, True])
 @pytest.mark.parametrize('where', ['q', 'k', 'v', 'pos'])
 @pytest.mark.parametrize('value', [float('nan'), float('inf'), float('-inf')])
-def test_nonfinite_values_reach_the_formulations_outputs(where, value, masked, kernel):
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_nonfinite_values_reach_the_formulations_outputs(where, value, masked, dtype, kernel):
     """One non-finite entry: the outputs that are NaN, +inf or -inf are exactly the float64 formulation's. With a
     shift mask, an infinite value meets the masked keys' weights (exp of about -100: tiny in float64, subnormal or
     zero in fp32 depending on the exp implementation: torch's differ by ISA, the kernel flushes subnormals), so
     inf x weight is inf or NaN by precision: there the non-finite outputs are the formulation's, NaN or inf."""
     bw, heads, n, d = 4, 2, 49, 32
-    q, k, v = (t.clone() for t in qkv_views(bw, heads, n, d, seed=5))
+    q, k, v = (t.clone() for t in qkv_views(bw, heads, n, d, seed=5, dtype=dtype))
     pos = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(6))
     mask = shift_mask(2, n) if masked else None
     target = dict(q=q, k=k, v=v, pos=pos)[where]
@@ -153,7 +167,8 @@ def test_nonfinite_values_reach_the_formulations_outputs(where, value, masked, k
     for test in tests:
         assert torch.equal(test(got), test(ref)), (where, value, test.__name__)
     finite = torch.isfinite(ref)
-    assert finite.any() and rel_error(got.double()[finite], ref[finite].double()) <= _bound(n, d, torch.float32)
+    bound = _bound(n, d, dtype) if dtype == torch.float32 else _bf16_bound(n, d, v[v.isfinite()], ref[finite])
+    assert finite.any() and rel_error(got.double()[finite], ref[finite].double()) <= bound
 
 
 def test_left_to_sdpa_where_it_does_not_apply():
@@ -255,4 +270,5 @@ def test_map_layout_gathers_and_scatters_like_partition_and_reverse(dtype, kerne
     q, k, v = win.permute(2, 0, 3, 1, 4)
     ref = geom._reverse(reference(q, k, v, pos, geom.mask, d**-0.5), b).reshape(b, h * w, c)
     assert got.shape == (b, h * w, c) and got.dtype == dtype
-    assert rel_error(got.double(), ref) <= _bound(49, d, dtype)
+    bound = _bound(49, d, dtype) if dtype == torch.float32 else _bf16_bound(49, d, qkv[..., 2 * c:], ref)
+    assert rel_error(got.double(), ref) <= bound
