@@ -73,8 +73,11 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
                 outs[fn] = flatten_outputs(m(x))
         return fn
 
-    # the form --fast runs: a copy whose linear weights stay packed in oneDNN's layout (the packs follow a parameter)
+    # the form --fast runs: a copy whose linear weights stay packed in oneDNN's layout (the packs follow a parameter),
+    # of the plugin and of its own other forms (the deployed SwiftFormer)
     packed = prepack_weights(copy.deepcopy(ours))
+    peers.update({f'{name} prepacked': prepack_weights(copy.deepcopy(m)) for name, m in list(peers.items())
+                  if name.startswith('mmplugin')})
     for name, m in peers.items():
         fns[(name, 'eager', 'fp32')] = eager(m)
     fns[('mmplugin', 'eager', 'fp32')] = eager(ours)

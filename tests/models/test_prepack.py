@@ -147,3 +147,34 @@ def test_a_prepacked_backbone_gives_the_same_outputs():
         torch.save(copy.deepcopy(model).state_dict(), io.BytesIO())
     finally:
         prepack.release_prepacked(model)
+
+
+@pytest.mark.parametrize('layout', ['channels_last', 'contiguous'])
+@pytest.mark.parametrize('case', ['gelu', 'add'])
+def test_pointwise_convolutions_compute_the_convolution(case, layout):
+    """A dense 1x1 convolution on a channels_last map runs as oneDNN's linear over the pixels (its weight prepacked
+    once frozen); on another layout as oneDNN's convolution. Either way: ``F.conv2d`` (+ GELU / + residual) in
+    float64 within fp32 rounding, in the input's layout, NaN in one pixel giving NaN in that pixel only."""
+    from mmplugin.models.layers.fusion import conv_act, conv_add
+    g = torch.Generator().manual_seed(3)
+    conv = nn.Conv2d(24, 40, 1)
+    with torch.no_grad():
+        conv.weight.copy_(torch.randn(40, 24, 1, 1, generator=g) * 0.2)
+        conv.bias.copy_(torch.randn(40, generator=g))
+    fmt = torch.channels_last if layout == 'channels_last' else torch.contiguous_format
+    x = torch.randn(2, 24, 7, 9, generator=g).contiguous(memory_format=fmt)
+    r = torch.randn(2, 40, 7, 9, generator=g).contiguous(memory_format=fmt)
+    ref = nn.functional.conv2d(x.double(), conv.weight.double(), conv.bias.double())
+    ref = nn.functional.gelu(ref) if case == 'gelu' else ref + r.double()
+    prepack.prepack_weights(conv)
+    try:
+        with torch.inference_mode():
+            got = conv_act(x, conv, 'gelu') if case == 'gelu' else conv_add(x, conv, r)
+            assert max_rel_error(got.double(), ref) <= FP32_PARITY
+            assert got.is_contiguous(memory_format=fmt)
+            assert bool(_packed_keys(conv)) == (layout == 'channels_last')
+            x[1, :, 3, 4] = float('nan')
+            got = conv_act(x, conv, 'gelu') if case == 'gelu' else conv_add(x, conv, r)
+        assert got[1, :, 3, 4].isnan().all() and got.isnan().sum() == got.shape[1]
+    finally:
+        prepack.release_prepacked(conv)

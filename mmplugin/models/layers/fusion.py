@@ -170,8 +170,11 @@ def _operands(dtype: torch.dtype, x: torch.Tensor, w: torch.Tensor, b: torch.Ten
 
 def _linear_operands(dtype: torch.dtype, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None):
     """:func:`_operands` for oneDNN's linear: a frozen weight's packed copy in ``dtype`` where there is one
-    (:mod:`mmplugin.models.layers.prepack`), else the weight itself, cast."""
+    (:mod:`mmplugin.models.layers.prepack`), else the weight itself, cast (a 1x1 convolution's ``(N, K, 1, 1)``
+    weight as its ``(N, K)`` matrix)."""
     packed = prepacked(w, dtype)
+    if packed is None and w.dim() == 4:
+        w = w.reshape(w.shape[0], w.shape[1])
     return x.to(dtype), w.to(dtype) if packed is None else packed, None if b is None else b.to(dtype)
 
 
@@ -184,7 +187,8 @@ def add_residual(out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
 
 def conv_act(x: torch.Tensor, conv: nn.Conv2d, act: str, weight: torch.Tensor | None = None,
              bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``act(conv(x))`` with ``act`` in {'relu', 'gelu'} (exact erf GELU), one oneDNN kernel when possible.
+    """``act(conv(x))`` with ``act`` in {'relu', 'gelu'} (exact erf GELU), one oneDNN kernel when possible (a dense
+    1x1 convolution with GELU on a channels_last map: oneDNN's linear over the pixels, :func:`_tokens`).
 
     ``weight`` / ``bias`` replace the conv's own (e.g. with a BatchNorm folded in); geometry comes from ``conv``.
     """
@@ -192,11 +196,26 @@ def conv_act(x: torch.Tensor, conv: nn.Conv2d, act: str, weight: torch.Tensor | 
     b = conv.bias if weight is None else bias
     dtype = fused_dtype(x, w, b)
     if dtype is not None:
+        tokens = _tokens(x, conv, w) if act == 'gelu' else None
+        if tokens is not None:  # a 1x1 convolution on a channels_last map: oneDNN's linear over its pixels
+            out = torch.ops.mkldnn._linear_pointwise(*_linear_operands(dtype, tokens, w, b), 'gelu', [], 'none')
+            return out.permute(0, 3, 1, 2)
         x, w, b = _operands(dtype, x, w, b)
         return torch.ops.mkldnn._convolution_pointwise(x, w, b, list(conv.padding), list(conv.stride),
                                                        list(conv.dilation), conv.groups, act, [],
                                                        'none' if act == 'gelu' else None)
     return _act(F.conv2d(x, w, b, conv.stride, conv.padding, conv.dilation, conv.groups), act)
+
+
+def _tokens(x: torch.Tensor, conv: nn.Conv2d, w: torch.Tensor) -> torch.Tensor | None:
+    """``x`` ``(B, C, H, W)`` as the ``(B, H, W, C)`` view of its memory where ``conv`` (weight ``w``) is a dense 1x1
+    convolution (stride 1, no padding, one group) and ``x`` is a channels_last map: the convolution is then a linear
+    over the pixels, which runs on oneDNN's linear and takes a prepacked weight (:mod:`.prepack`); None otherwise."""
+    if (x.dim() == 4 and w.dim() == 4 and tuple(w.shape[2:]) == (1, 1) and conv.groups == 1
+            and tuple(conv.stride) == (1, 1) and tuple(conv.dilation) == (1, 1) and conv.padding in ((0, 0), 'valid')
+            and x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] == w.shape[1]):
+        return x.permute(0, 2, 3, 1)
+    return None
 
 
 def conv_add(x: torch.Tensor, conv: nn.Conv2d, residual: torch.Tensor, weight: torch.Tensor | None = None,
@@ -207,6 +226,15 @@ def conv_add(x: torch.Tensor, conv: nn.Conv2d, residual: torch.Tensor, weight: t
     b = conv.bias if weight is None else bias
     dtype = fused_dtype(x, w, b)
     if dtype is not None and not residual.requires_grad:
+        tokens = _tokens(x, conv, w)
+        if tokens is not None and residual.is_contiguous(memory_format=torch.channels_last):
+            # a 1x1 convolution on channels_last maps: oneDNN's linear over the pixels, the residual added in its tile
+            x, w, b = _linear_operands(dtype, tokens, w, b)
+            rows = residual.permute(0, 2, 3, 1)
+            if residual.dtype == dtype:
+                return torch.ops.mkldnn._linear_pointwise.binary(x, rows, w, b, 'add').permute(0, 3, 1, 2)
+            out = torch.ops.mkldnn._linear_pointwise(x, w, b, 'none', [], '').permute(0, 3, 1, 2)
+            return add_residual(out, residual)
         x, w, b = _operands(dtype, x, w, b)
         if residual.dtype == dtype:
             return torch.ops.mkldnn._convolution_pointwise.binary(x, residual, w, b, list(conv.padding),

@@ -1,9 +1,15 @@
-"""Linear weights kept in oneDNN's blocked layout (and in bf16 where the product runs in bf16) for CPU inference.
+"""Linear weights (and 1x1 convolution weights) kept in oneDNN's blocked layout, and in bf16 where the product runs in
+bf16, for CPU inference.
 
 Why: oneDNN's linear reorders a plain ``(N, K)`` weight into its blocked layout on every call, and under bf16
 autocast the weight is first cast to bf16, on every call too. Swin-T at 800x1216, 2 threads, AMD EPYC family 25
 model 17 (Zen 4), all linears of one forward timed at their shapes (``tools/speed_table.py`` rows ``GEMMs alone``):
 fp32 785 ms plain, 724 ms prepacked; bf16 397 ms cast on every call, 389 ms cast once, 372 ms prepacked.
+
+A dense 1x1 convolution on a channels_last map is a linear over its pixels, and runs as one at inference
+(:func:`mmplugin.models.layers.fusion.conv_act` / ``conv_add``: SwiftFormer's pointwise convolutions), so its weight
+is packed the same way where it is a parameter: every one of them in the deployed form (``switch_to_deploy()``
+folds BatchNorm and layer scales into constant weights), in eval mode those with nothing to fold on the fly.
 
 Frozen weights only: :func:`prepack_weights` marks a module's parameters as constant for inference (what
 ``--fast`` does), and the fused linears of :mod:`mmplugin.models.layers.fusion` then use a packed copy per parameter
@@ -35,11 +41,12 @@ def _forget(key: int) -> None:
 
 
 def prepack_weights(module: nn.Module) -> nn.Module:
-    """Mark every linear weight of ``module`` as frozen for CPU inference (packed on first use, see the module
-    docstring); returns ``module``. State dicts, checkpoints and training are unaffected: training paths never read
-    the packed copies."""
+    """Mark every linear and 1x1 convolution weight of ``module`` as frozen for CPU inference (packed on first use,
+    see the module docstring); returns ``module``. State dicts, checkpoints and training are unaffected: training
+    paths never read the packed copies. Modules built later (``switch_to_deploy()`` makes new convolutions) need
+    another call."""
     for m in module.modules():
-        if isinstance(m, nn.Linear) and _AVAILABLE:
+        if (isinstance(m, nn.Linear) or (isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1))) and _AVAILABLE:
             key = id(m.weight)
             _FROZEN[key] = weakref.ref(m.weight, lambda _, key=key: _forget(key))
     return module
@@ -53,17 +60,19 @@ def release_prepacked(module: nn.Module | None = None) -> None:
 
 
 def prepacked(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
-    """The packed ``dtype`` copy of a frozen ``(N, K)`` weight for ``torch.ops.mkldnn._linear_pointwise``, or None
-    where ``weight`` is not frozen (a computed tensor, or a parameter never passed to :func:`prepack_weights`)."""
+    """The packed ``dtype`` copy of a frozen ``(N, K)`` linear weight (or ``(N, K, 1, 1)`` 1x1 convolution weight)
+    for ``torch.ops.mkldnn._linear_pointwise``, or None where ``weight`` is not frozen (a computed tensor, or a
+    parameter never passed to :func:`prepack_weights`)."""
     key = id(weight)
     ref = _FROZEN.get(key)
-    if ref is None or ref() is not weight or weight.device.type != 'cpu' or weight.dim() != 2:
+    if ref is None or ref() is not weight or weight.device.type != 'cpu' or weight.dim() not in (2, 4):
         return None
     stamp = (weight._version, weight.data_ptr())
     entry = _PACKED.get((key, dtype))
     if entry is None or entry[:2] != stamp:
-        with torch.no_grad():
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().to(dtype), 4096)
+        with torch.no_grad():  # a 1x1 convolution's weight: its (N, K) matrix
+            matrix = weight.detach().reshape(weight.shape[0], weight.shape[1])
+            packed = torch.ops.mkldnn._reorder_linear_weight(matrix.to(dtype), 4096)
         entry = _PACKED[(key, dtype)] = (*stamp, packed)
     return entry[2]
 
