@@ -24,8 +24,8 @@ def add_inference_options(p) -> None:
     p.add_argument('--fast', nargs='?', const='auto', choices=('auto', 'bf16', 'fp16'), default=None,
                    help='backbone + neck in reduced precision, heads fp32 (auto: bf16 on CPUs with AVX512-BF16/AMX '
                         'and on Ampere+ GPUs, fp16 on older GPUs; fp32 with a warning elsewhere); on a CPU also '
-                        'linear weights kept packed in oneDNN\'s layout. Before positional arguments write '
-                        '--fast=MODE')
+                        'linear and 1x1 convolution weights kept packed in oneDNN\'s layout (one more copy of them '
+                        'in memory). Before positional arguments write --fast=MODE')
     from mmplugin.inference.runtime import RUNTIMES
     p.add_argument('--runtime', choices=RUNTIMES, default='pytorch',
                    help='where backbone + neck run (CPU): openvino / onnxruntime export them to ONNX once after '
@@ -59,7 +59,7 @@ def apply_inference_options(model, args, device):
     if args.fast:
         from mmplugin.inference.fast import enable_fast_inference, fast_inference_message
         dtype = enable_fast_inference(model, args.fast, device)
-        print(fast_inference_message(args.fast, dtype))
+        print(fast_inference_message(args.fast, dtype, model))
     if feats is not None:
         print(feats.message(), flush=True)
         return feats

@@ -65,17 +65,19 @@ def native_low_precision(device: torch.device | str = 'cpu') -> torch.dtype | No
     return torch.bfloat16 if torch.bfloat16 in native else (torch.float16 if native else None)
 
 
-def fast_inference_message(mode: str, dtype: torch.dtype | None) -> str:
+def fast_inference_message(mode: str, dtype: torch.dtype | None, model: nn.Module | None = None) -> str:
     """What the tools print after :func:`enable_fast_inference`: the dtype used, whether freed memory is kept, and how
-    many linear weights are frozen for packing."""
+    many of ``model``'s weights are frozen for packing (the plugin's fused inference ops pack them on first use)."""
     from mmplugin.inference.allocator import retained
     from mmplugin.models.layers.prepack import frozen_count
+    frozen = frozen_count(model) if model is not None else 0
     return (f'--fast {mode}: backbone + neck in {dtype or "torch.float32"}, heads in torch.float32'
             + ('; freed memory kept in the process (glibc)' if retained() else '')
-            + (f'; {frozen_count()} linear weights frozen and packed (oneDNN)' if frozen_count() else ''))
+            + (f'; {frozen} linear / 1x1 convolution weights frozen for packing (oneDNN)' if frozen else ''))
 
 
-def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.device | str = 'cpu'):
+def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.device | str = 'cpu',
+                          prepack: bool = True):
     """Run ``model.extract_feat`` (backbone + neck) under autocast in reduced precision; returns the dtype or None.
 
     The features are cast back to fp32 before the heads: mmcv's RoIAlign / NMS CPU kernels and the post-processing
@@ -86,9 +88,11 @@ def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.de
     and mmseg segmentors (both route images through ``extract_feat``); the model's weights stay fp32, so
     checkpoints and ``state_dict`` keys are unchanged. On a CPU it also keeps freed memory in the process
     (:func:`mmplugin.inference.allocator.retain_freed_memory`, glibc: large activations are not page-faulted in
-    again on every image), process-wide, and treats the model's linear weights as frozen: the fused inference
-    linears keep them packed in oneDNN's layout (:func:`mmplugin.models.layers.prepack.prepack_weights`; fp32 runs
-    use this too).
+    again on every image), process-wide, and with ``prepack`` (default) treats the model's linear and 1x1
+    convolution weights as frozen: the fused inference ops keep them packed in oneDNN's layout, one more copy of
+    those weights in memory (:func:`mmplugin.models.layers.prepack.prepack_weights`; fp32 runs use this too). Call
+    ``switch_to_deploy()`` before this, not after: the deployed form's new convolutions are frozen only if they
+    exist here.
     """
     import warnings
     if mode not in FAST_MODES:
@@ -101,7 +105,8 @@ def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.de
         from mmplugin.inference.allocator import retain_freed_memory
         from mmplugin.models.layers.prepack import prepack_weights
         retain_freed_memory()
-        prepack_weights(model)
+        if prepack:
+            prepack_weights(model)
     if mode == 'auto':
         dtype = native_low_precision(device)
         if dtype is None:

@@ -63,14 +63,36 @@ def _compiler() -> list[str]:
     return [path, *cc[1:]]
 
 
+ISA_ENV = 'MMPLUGIN_KERNEL_ISA'
+
+
 def cpu_isa() -> str:
-    """The vector ISA a kernel is built for: ``'AVX512_BF16'`` (AVX-512 with the bf16 dot products),
-    ``'AVX512'``, ``'AVX2'`` (x86-64, as torch dispatches: ``ATEN_CPU_CAPABILITY`` lowers it) or ``'DEFAULT'``."""
+    """The vector ISA a kernel is built for: ``'AVX512_BF16'`` (AVX-512 with the bf16 dot products, where the
+    process may use bf16 instructions: ``ONEDNN_MAX_CPU_ISA`` below ``AVX512_CORE_BF16`` rules them out),
+    ``'AVX512'``, ``'AVX2'`` (x86-64, as torch dispatches: ``ATEN_CPU_CAPABILITY`` lowers it) or ``'DEFAULT'``.
+    ``$MMPLUGIN_KERNEL_ISA`` (a key of :data:`ISA_FLAGS`) lowers it further, never raises it: e.g. ``AVX512`` keeps
+    the window attention's bf16 path in fp32 arithmetic."""
     import torch
     cap = torch.backends.cpu.get_cpu_capability() if platform.machine() in ('x86_64', 'AMD64') else 'DEFAULT'
-    if cap == 'AVX512' and torch.cpu._is_avx512_bf16_supported():
-        return 'AVX512_BF16'
-    return cap if cap in ISA_FLAGS else 'DEFAULT'
+    return _isa_for(cap, os.environ.get(ISA_ENV, '').upper(), os.environ.get('ONEDNN_MAX_CPU_ISA', ''))
+
+
+@functools.lru_cache(maxsize=None)
+def _isa_for(cap: str, asked: str, onednn_cap: str) -> str:
+    """:func:`cpu_isa` for torch's capability ``cap`` and the two variables' values (cached: it reads
+    ``/proc/cpuinfo``, and every kernel call asks)."""
+    import torch
+
+    from mmplugin.utils.cpu import native_bf16
+    isa = cap if cap in ISA_FLAGS else 'DEFAULT'
+    if isa == 'AVX512' and torch.cpu._is_avx512_bf16_supported() and native_bf16():
+        isa = 'AVX512_BF16'
+    order = list(ISA_FLAGS)  # newest first
+    if asked:
+        if asked not in ISA_FLAGS:
+            raise ValueError(f'{ISA_ENV} must be one of {tuple(ISA_FLAGS)}, got {asked!r}')
+        isa = order[max(order.index(isa), order.index(asked))]
+    return isa
 
 
 @functools.lru_cache(maxsize=None)
@@ -117,14 +139,22 @@ _libraries: dict[tuple[str, str], ctypes.CDLL | None] = {}
 def kernel_library(name: str, signatures: dict[str, list], fallback: str) -> ctypes.CDLL | None:
     """The library ``name`` built for the ISA torch dispatches to (:func:`cpu_isa`), its functions typed from
     ``signatures`` (function name -> ctypes argument types; each returns an ``int`` status), or None where it cannot
-    be built: warned once per ISA as ``"{fallback}: {reason}"`` and not retried."""
+    be built: warned once per ISA as ``"{fallback}: {reason}"`` and not retried. Where the compiler cannot build
+    the AVX512_BF16 variant (``-mavx512bf16`` needs GCC 10 / Clang 9), the AVX512 build serves, with a warning."""
     key = (name, cpu_isa())
     if key not in _libraries:
+        lib = None
         try:
             lib = load_kernels(name, key[1])
         except KernelUnavailable as e:
-            warnings.warn(f'{fallback}: {e}', stacklevel=4)
-            lib = None
+            if key[1] == 'AVX512_BF16':
+                try:
+                    lib = load_kernels(name, 'AVX512')
+                    warnings.warn(f'{name}: no bf16 dot-product build ({e}); the AVX512 build runs', stacklevel=4)
+                except KernelUnavailable as e2:
+                    e = e2
+            if lib is None:
+                warnings.warn(f'{fallback}: {e}', stacklevel=4)
         for fn_name, args in signatures.items() if lib is not None else ():
             fn = getattr(lib, fn_name)
             fn.argtypes, fn.restype = args, ctypes.c_int

@@ -25,7 +25,9 @@
  * (vdpbf16ps: exact products summed in fp32, subnormal inputs and results flushed to zero), q k^T from the operands
  * as they are and the softmax numerators rounded to bf16 for their product with v (each within 2^-8 relative, as a
  * bf16 matmul of the probabilities rounds them); Swin V2's cosine attention, which normalises q and k in fp32,
- * keeps the fp32 arithmetic.
+ * keeps the fp32 arithmetic. The scale multiplies the summed products there, not q: a score whose unscaled q k^T
+ * exceeds fp32's range (entries of q and k about 1e19) is inf or NaN where the fp32 path, scaling q first, stays
+ * finite up to 1 / scale (about 5.7 for d = 32) times further.
  *
  * Non-finite values: NaN in a query, key or score makes that query row NaN (its sum is NaN), a NaN or infinite value
  * reaches every query row of its window through the products, +inf scores give NaN rows (inf - inf) and -inf scores

@@ -35,8 +35,9 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
 #pragma omp for schedule(static)
     for (int64_t w = begin; w < end; w++) {
         if (buf == NULL) continue;
-        if (w + AHEAD < end) /* the next window's q, k, v rows towards L2 while this one is computed: gathered from a map
-                          * larger than the caches, their first reads otherwise wait on memory */
+        if (w + AHEAD < end && q_h == d && k_h == d && v_h == d) /* the next window's q, k, v rows towards L2 while
+                          * this one is computed (each token's heads side by side): gathered from a map larger than
+                          * the caches, their first reads otherwise wait on memory */
             for (int64_t i = 0; i < n; i++) {
                 const T *rq = q + (w + AHEAD) * q_w + i * q_n, *rk = k + (w + AHEAD) * k_w + i * k_n,
                         *rv = v + (w + AHEAD) * v_w + i * v_n;

@@ -18,7 +18,7 @@ import platform
 
 import torch
 
-__all__ = ['cpu_flags', 'cpu_model', 'kernel_family', 'lower_isa_envs', 'describe']
+__all__ = ['cpu_flags', 'cpu_model', 'kernel_family', 'native_bf16', 'lower_isa_envs', 'describe']
 
 # Families from newest to oldest: (name, cpuinfo flags that make it, the env that caps a process at it).
 _FAMILIES = (
@@ -89,6 +89,13 @@ def kernel_family() -> str:
     return name if used == hw else f'{name} (capped from {_FAMILIES[hw][0]})'
 
 
+def native_bf16() -> bool:
+    """This process may use the CPU's bf16 instructions: AMX or AVX512-BF16 hardware, not capped below it by
+    ``ONEDNN_MAX_CPU_ISA``."""
+    fam = _families_in_use()
+    return fam is not None and fam[1] <= 1
+
+
 def lower_isa_envs() -> list[dict[str, str]]:
     """The environment that runs the next-lower kernel family on this machine; ``[]`` on an AVX2 machine.
 
@@ -105,10 +112,8 @@ def lower_isa_envs() -> list[dict[str, str]]:
 
 def describe() -> str:
     """One line: CPU model, kernel family in use, ATen's capability and whether bf16 runs natively."""
-    fam = _families_in_use()
-    bf16 = fam is not None and fam[1] <= 1  # AMX or AVX512-BF16 and not capped below
     return (f'{cpu_model()}; kernels: {kernel_family()}; ATen {torch.backends.cpu.get_cpu_capability()}; '
-            f'native bf16: {"yes" if bf16 else "no"}')
+            f'native bf16: {"yes" if native_bf16() else "no"}')
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -50,10 +50,13 @@ def shift_mask(nw, n, seed=0):
     return (labels[:, :, None] != labels[:, None, :]).float() * -100.0
 
 
-def _bf16_bound(n, d, v, ref):
-    """bf16 operands: the fp32 bound and the output's rounding (:func:`_bound`), and where the CPU has AVX512-BF16
-    (the dot-product build) the softmax weights rounded to bf16 for the product with v: each weight within u, so each
-    output within u * sum_t p_t |v_t| <= u * max|v|, relative to the output's largest magnitude."""
+def _bf16_bound(n, d, v, ref, isa=None):
+    """bf16 operands: the fp32 bound and the output's rounding (:func:`_bound`), and in the AVX512_BF16 build (the
+    one this process runs, or ``isa``; bf16 dot products) the softmax weights rounded to bf16 for the product with v:
+    each weight within u, so each output within u * sum_t p_t |v_t| <= u * max|v|, relative to the output's largest
+    magnitude."""
+    if (isa or build.cpu_isa()) != 'AVX512_BF16' or d % 2:
+        return _bound(n, d, torch.bfloat16)
     return _bound(n, d, torch.bfloat16) + U_BF16 * float(v.double().abs().max()) / float(ref.abs().max())
 
 
@@ -71,10 +74,11 @@ def _bound(n, d, dtype):
 @pytest.mark.numeric
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('shape', [(12, 3, 49, 32, 4), (6, 2, 64, 32, 1), (4, 2, 144, 32, 2), (5, 3, 10, 5, 1),
-                                   (3, 1, 1, 16, 1)])
+                                   (3, 1, 1, 16, 1), (4, 2, 50, 24, 2), (3, 2, 3, 6, 1)])
 def test_kernel_equals_the_formulation(shape, dtype, kernel):
     """Swin's 7x7 windows with a shift mask over a batch of 3 images, V2's 8x8 and 12x12 windows, a head dimension
-    and a token count that fill no vector, and a single-token window."""
+    and a token count that fill no vector, a single-token window, and even head dimensions that are not a multiple
+    of the vector width (the bf16 dot-product build's pair packing, its vector part and its tail)."""
     bw, heads, n, d, nw = shape
     q, k, v = qkv_views(bw, heads, n, d, seed=bw, dtype=dtype)
     pos = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(1)) * 2
@@ -138,7 +142,7 @@ def test_every_isa_build_computes_the_same_function(isa, dtype):
               pos.data_ptr(), mask.data_ptr(), None, 4, heads, n, d, d**-0.5, out.data_ptr(), None, None, 0, 2,
               0, bw) == 0
     ref = reference(q, k, v, pos, mask, d**-0.5)
-    bound = _bound(n, d, dtype) if dtype == torch.float32 else _bf16_bound(n, d, v, ref)
+    bound = _bound(n, d, dtype) if dtype == torch.float32 else _bf16_bound(n, d, v, ref, isa)
     assert rel_error(out.double(), ref) <= bound
 
 
@@ -272,3 +276,36 @@ def test_map_layout_gathers_and_scatters_like_partition_and_reverse(dtype, kerne
     assert got.shape == (b, h * w, c) and got.dtype == dtype
     bound = _bound(49, d, dtype) if dtype == torch.float32 else _bf16_bound(49, d, qkv[..., 2 * c:], ref)
     assert rel_error(got.double(), ref) <= bound
+
+
+def test_the_kernel_isa_follows_the_caps(monkeypatch):
+    """``MMPLUGIN_KERNEL_ISA`` lowers the build (never raises it; an unknown name is an error), and a oneDNN cap
+    below AVX512_CORE_BF16 rules out the bf16 dot-product build."""
+    monkeypatch.delenv(build.ISA_ENV, raising=False)
+    natural = build.cpu_isa()
+    order = list(build.ISA_FLAGS)
+    for asked in order:
+        monkeypatch.setenv(build.ISA_ENV, asked.lower())
+        assert build.cpu_isa() == order[max(order.index(natural), order.index(asked))]
+    monkeypatch.setenv(build.ISA_ENV, 'SSE9')
+    with pytest.raises(ValueError, match=build.ISA_ENV):
+        build.cpu_isa()
+    monkeypatch.delenv(build.ISA_ENV)
+    monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX512_CORE')
+    assert build.cpu_isa() != 'AVX512_BF16'
+
+
+def test_a_compiler_without_bf16_instructions_falls_back_to_avx512(monkeypatch):
+    """Where ``-mavx512bf16`` does not build (older compilers), the AVX512 build serves, with a warning, instead of
+    no kernel at all."""
+    avx512 = object()
+
+    def load(name, isa=None):
+        if isa == 'AVX512_BF16':
+            raise build.KernelUnavailable('unrecognized command-line option -mavx512bf16')
+        return avx512
+    monkeypatch.setattr(build, '_libraries', {})
+    monkeypatch.setattr(build, 'cpu_isa', lambda: 'AVX512_BF16')
+    monkeypatch.setattr(build, 'load_kernels', load)
+    with pytest.warns(UserWarning, match='AVX512 build runs'):
+        assert build.kernel_library('window_attention', {}, 'SDPA') is avx512

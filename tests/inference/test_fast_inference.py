@@ -67,8 +67,10 @@ def test_fast_inference_backbone_neck_low_precision_heads_fp32(monkeypatch):
     from mmplugin.models.layers import prepack
     linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert all(id(w) in prepack._FROZEN for w in linears) or not prepack._AVAILABLE  # frozen for packing
-    message = fast.fast_inference_message('bf16', torch.bfloat16)
-    assert ('linear weights frozen and packed' in message) == prepack._AVAILABLE, message
+    pointwise = {id(m.weight) for m in model.modules()
+                 if isinstance(m, torch.nn.Linear) or (isinstance(m, torch.nn.Conv2d) and m.kernel_size == (1, 1))}
+    message = fast.fast_inference_message('bf16', torch.bfloat16, model)
+    assert (f'{len(pointwise)} linear / 1x1 convolution' in message) == prepack._AVAILABLE, message
     prepack.release_prepacked(model)
     assert set(seen) == {torch.bfloat16}
     assert all(g.dtype == torch.float32 for g in got)
@@ -94,6 +96,8 @@ def test_fast_inference_auto_follows_the_hardware(monkeypatch):
         warnings.simplefilter('error')  # native: no warning
         assert fast.enable_fast_inference(model, 'auto') is torch.bfloat16
     assert model.extract_feat != plain
+    from mmplugin.models.layers import prepack
+    prepack.release_prepacked(model)
     with pytest.raises(ValueError, match='must be one of'):
         fast.enable_fast_inference(model, 'int8')
     with pytest.raises(TypeError, match='extract_feat'):

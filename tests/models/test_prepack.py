@@ -178,3 +178,50 @@ def test_pointwise_convolutions_compute_the_convolution(case, layout):
         assert got[1, :, 3, 4].isnan().all() and got.isnan().sum() == got.shape[1]
     finally:
         prepack.release_prepacked(conv)
+
+
+def test_new_storage_is_packed_again():
+    """Values given to a parameter without an in-place write through it (``module.half().float()``, ``param.data =
+    ...``) leave its version counter as it was: the copy is tied to the storage it was packed from (which it keeps
+    alive, so new values never arrive at the same address), and the next call packs the new values."""
+    layer, x, _ = _operands()
+    prepack.prepack_weights(layer)
+    try:
+        for change in (lambda: layer.half().float(), lambda: setattr(layer.weight, 'data', layer.weight.data * 3)):
+            with torch.inference_mode():
+                linear(x, layer)
+            change()
+            with torch.inference_mode():
+                got = linear(x, layer)
+            ref = nn.functional.linear(x.double(), layer.weight.double(), layer.bias.double())
+            assert max_rel_error(got.double(), ref) <= FP32_PARITY
+    finally:
+        prepack.release_prepacked(layer)
+
+
+def test_parameters_made_in_inference_mode_are_not_packed():
+    """A parameter created under ``torch.inference_mode()`` keeps no version counter, so changes to it could not be
+    seen: it is never packed, and the fused op reads it as it is."""
+    with torch.inference_mode():
+        layer, x, _ = _operands()
+    prepack.prepack_weights(layer)
+    try:
+        with torch.inference_mode():
+            got = linear(x, layer)
+        assert prepack.prepacked(layer.weight, torch.float32) is None and not _packed_keys(layer)
+        ref = nn.functional.linear(x.double(), layer.weight.double(), layer.bias.double())
+        assert max_rel_error(got.double(), ref) <= FP32_PARITY
+    finally:
+        prepack.release_prepacked(layer)
+
+
+def test_a_broadcast_residual_keeps_the_convolution():
+    """``conv_add`` with a residual that broadcasts (one value per channel) adds it as ``conv(x) + r`` does."""
+    from mmplugin.models.layers.fusion import conv_add
+    conv = nn.Conv2d(8, 6, 1)
+    x = torch.randn(2, 8, 5, 7).contiguous(memory_format=torch.channels_last)
+    r = torch.randn(1, 6, 1, 1)
+    with torch.inference_mode():
+        got = conv_add(x, conv, r)
+    ref = nn.functional.conv2d(x.double(), conv.weight.double(), conv.bias.double()) + r.double()
+    assert got.shape == ref.shape and max_rel_error(got.double(), ref) <= FP32_PARITY

@@ -213,7 +213,8 @@ def _tokens(x: torch.Tensor, conv: nn.Conv2d, w: torch.Tensor) -> torch.Tensor |
     over the pixels, which runs on oneDNN's linear and takes a prepacked weight (:mod:`.prepack`); None otherwise."""
     if (x.dim() == 4 and w.dim() == 4 and tuple(w.shape[2:]) == (1, 1) and conv.groups == 1
             and tuple(conv.stride) == (1, 1) and tuple(conv.dilation) == (1, 1) and conv.padding in ((0, 0), 'valid')
-            and x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] == w.shape[1]):
+            and x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] == w.shape[1]
+            and x.stride(1) == 1):  # channels innermost (with one channel both layouts pass the check above)
         return x.permute(0, 2, 3, 1)
     return None
 
@@ -227,7 +228,8 @@ def conv_add(x: torch.Tensor, conv: nn.Conv2d, residual: torch.Tensor, weight: t
     dtype = fused_dtype(x, w, b)
     if dtype is not None and not residual.requires_grad:
         tokens = _tokens(x, conv, w)
-        if tokens is not None and residual.is_contiguous(memory_format=torch.channels_last):
+        if (tokens is not None and residual.shape == (x.shape[0], w.shape[0], *x.shape[2:])
+                and residual.is_contiguous(memory_format=torch.channels_last)):
             # a 1x1 convolution on channels_last maps: oneDNN's linear over the pixels, the residual added in its tile
             x, w, b = _linear_operands(dtype, tokens, w, b)
             rows = residual.permute(0, 2, 3, 1)

@@ -31,20 +31,20 @@ __all__ = ['prepack_weights', 'release_prepacked', 'prepacked', 'frozen_count']
 
 _AVAILABLE = onednn_ops_available('_linear_pointwise', '_reorder_linear_weight')
 _FROZEN: dict[int, weakref.ref] = {}  # id(parameter) -> weak reference: parameters that may be prepacked
-_PACKED: dict[tuple[int, torch.dtype], tuple] = {}  # (id, dtype) -> (version, data pointer, packed weight)
+_PACKED: dict[tuple[int, torch.dtype], tuple] = {}  # (id, dtype) -> (mark, stamp, source storage, packed weight)
 
 
 def _forget(key: int) -> None:
     _FROZEN.pop(key, None)
-    for dtype in [d for i, d in _PACKED if i == key]:
-        _PACKED.pop((key, dtype), None)
+    for entry in [k for k in list(_PACKED) if k[0] == key]:  # a snapshot: packing may insert meanwhile
+        _PACKED.pop(entry, None)
 
 
 def prepack_weights(module: nn.Module) -> nn.Module:
     """Mark every linear and 1x1 convolution weight of ``module`` as frozen for CPU inference (packed on first use,
     see the module docstring); returns ``module``. State dicts, checkpoints and training are unaffected: training
     paths never read the packed copies. Modules built later (``switch_to_deploy()`` makes new convolutions) need
-    another call."""
+    another call: deploy first, then prepack."""
     for m in module.modules():
         if (isinstance(m, nn.Linear) or (isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1))) and _AVAILABLE:
             key = id(m.weight)
@@ -61,22 +61,33 @@ def release_prepacked(module: nn.Module | None = None) -> None:
 
 def prepacked(weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
     """The packed ``dtype`` copy of a frozen ``(N, K)`` linear weight (or ``(N, K, 1, 1)`` 1x1 convolution weight)
-    for ``torch.ops.mkldnn._linear_pointwise``, or None where ``weight`` is not frozen (a computed tensor, or a
-    parameter never passed to :func:`prepack_weights`)."""
+    for ``torch.ops.mkldnn._linear_pointwise``, or None where ``weight`` is not frozen (a computed tensor, a
+    parameter never passed to :func:`prepack_weights`, or one made under ``torch.inference_mode()``, which keeps no
+    version counter).
+
+    A copy serves while its parameter has the same version (in-place writes through the parameter bump it), the same
+    storage, offset, shape, strides and dtype. The entry holds the storage it was packed from, so that memory cannot
+    be freed and handed to new values at the same address (``module.half().float()``, ``param.data = ...``) while
+    the copy is kept."""
     key = id(weight)
     ref = _FROZEN.get(key)
-    if ref is None or ref() is not weight or weight.device.type != 'cpu' or weight.dim() not in (2, 4):
+    if (ref is None or ref() is not weight or weight.device.type != 'cpu' or weight.dim() not in (2, 4)
+            or weight.is_inference()):
         return None
-    stamp = (weight._version, weight.data_ptr())
+    storage = weight.untyped_storage()
+    stamp = (weight._version, storage.data_ptr(), weight.storage_offset(), tuple(weight.shape), weight.stride(),
+             weight.dtype)
     entry = _PACKED.get((key, dtype))
-    if entry is None or entry[:2] != stamp:
+    if entry is None or entry[0] is not ref or entry[1] != stamp:
         with torch.no_grad():  # a 1x1 convolution's weight: its (N, K) matrix
             matrix = weight.detach().reshape(weight.shape[0], weight.shape[1])
             packed = torch.ops.mkldnn._reorder_linear_weight(matrix.to(dtype), 4096)
-        entry = _PACKED[(key, dtype)] = (*stamp, packed)
-    return entry[2]
+        entry = _PACKED[(key, dtype)] = (ref, stamp, storage, packed)
+    return entry[3]
 
 
-def frozen_count() -> int:
-    """How many live parameters are frozen for packing (process-wide)."""
-    return sum(ref() is not None for ref in list(_FROZEN.values()))
+def frozen_count(module: nn.Module | None = None) -> int:
+    """How many of ``module``'s parameters (of the process's, where None) are frozen for packing."""
+    if module is None:
+        return sum(ref() is not None for ref in list(_FROZEN.values()))
+    return sum(1 for p in module.parameters() if (ref := _FROZEN.get(id(p))) is not None and ref() is p)
