@@ -152,6 +152,36 @@ static inline uint16_t f32_to_bf16(float f) {
 
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+/* The scores of `rows` query rows in one block of KV * VW columns: scale * acc + bias (acc: ROWS x KV vectors of
+ * sums, fp32 or the dot-product build's, the same bits), their running row maxima in rmax, stored to scores (rows of
+ * np); bias points at the block's first row. */
+static inline __attribute__((always_inline)) void biased_scores(const void *acc, float scale, const float *bias,
+                                                                int rows, int64_t np, int64_t c0, vf *rmax,
+                                                                float *scores) {
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < KV; j++) {
+            vf a, b;
+            memcpy(&a, (const char *)acc + (r * KV + j) * sizeof(vf), sizeof(vf));
+            memcpy(&b, bias + r * np + c0 + j * VW, sizeof(vf));
+            vf sv = a * splat(scale) + b;
+            rmax[r] = vmax(rmax[r], sv);
+            memcpy(scores + r * np + c0 + j * VW, &sv, sizeof(vf));
+        }
+}
+
+/* `rows` output rows of DV * VW dims from column c0: acc (ROWS x DV vectors) divided by each row's sum, stored to out
+ * (rows of dp, pointing at the block's first row). */
+static inline __attribute__((always_inline)) void normalised_rows(const void *acc, const float *sums, int rows,
+                                                                  int64_t dp, int64_t c0, float *out) {
+    for (int r = 0; r < rows; r++)
+        for (int j = 0; j < DV; j++) {
+            vf o;
+            memcpy(&o, (const char *)acc + (r * DV + j) * sizeof(vf), sizeof(vf));
+            o = o / splat(sums[r]);
+            memcpy(out + r * dp + c0 + j * VW, &o, sizeof(vf));
+        }
+}
+
 /* One (window, head) in fp32: qp (n rounded up to ROWS, d) queries already multiplied by the scale, rows beyond n
  * zero; kt (d, np) keys transposed, columns beyond n zero; vp (n, dp) values, columns beyond d zero; bias (n, np)
  * the head's position bias plus the window's shift mask, columns beyond n -inf.
@@ -177,14 +207,7 @@ static void attend_unit(const float *qp, const float *kt, const float *vp, const
                     for (int j = 0; j < KV; j++) acc[r][j] += qs * kv[j];
                 }
             }
-            for (int r = 0; r < rows; r++)
-                for (int j = 0; j < KV; j++) {
-                    vf b;
-                    memcpy(&b, bias + (i0 + r) * np + c0 + j * VW, sizeof(vf));
-                    vf sv = acc[r][j] + b;
-                    rmax[r] = vmax(rmax[r], sv);
-                    memcpy(scores + r * np + c0 + j * VW, &sv, sizeof(vf));
-                }
+            biased_scores(acc, 1.0f, bias + i0 * np, rows, np, c0, rmax, scores);
         }
         /* softmax numerators in place: exp(-inf) = 0 for the padded columns; a NaN or infinite maximum gives a NaN
          * row, as the formulation */
@@ -218,11 +241,7 @@ static void attend_unit(const float *qp, const float *kt, const float *vp, const
                     for (int j = 0; j < DV; j++) acc[r][j] += ps * vv[j];
                 }
             }
-            for (int r = 0; r < rows; r++)
-                for (int j = 0; j < DV; j++) {
-                    vf o = acc[r][j] / splat(sums[r]);
-                    memcpy(out + (i0 + r) * dp + c0 + j * VW, &o, sizeof(vf));
-                }
+            normalised_rows(acc, sums, rows, dp, c0, out + i0 * dp);
         }
     }
 }
@@ -261,15 +280,7 @@ static void attend_unit_bf16dot(const uint16_t *qb, const uint16_t *kb, const ui
                     for (int j = 0; j < KV; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], qs, kv[j]);
                 }
             }
-            for (int r = 0; r < rows; r++)
-                for (int j = 0; j < KV; j++) {
-                    vf a, b;
-                    memcpy(&a, &acc[r][j], sizeof(vf));
-                    memcpy(&b, bias + (i0 + r) * np + c0 + j * VW, sizeof(vf));
-                    vf sv = a * splat(scale) + b;
-                    rmax[r] = vmax(rmax[r], sv);
-                    memcpy(scores + r * np + c0 + j * VW, &sv, sizeof(vf));
-                }
+            biased_scores(acc, scale, bias + i0 * np, rows, np, c0, rmax, scores);
         }
         float sums[ROWS];
         for (int r = 0; r < ROWS; r++) {
@@ -309,13 +320,7 @@ static void attend_unit_bf16dot(const uint16_t *qb, const uint16_t *kb, const ui
                     for (int j = 0; j < DV; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], ps, vv[j]);
                 }
             }
-            for (int r = 0; r < rows; r++)
-                for (int j = 0; j < DV; j++) {
-                    vf o;
-                    memcpy(&o, &acc[r][j], sizeof(vf));
-                    o = o / splat(sums[r]);
-                    memcpy(out + (i0 + r) * dp + c0 + j * VW, &o, sizeof(vf));
-                }
+            normalised_rows(acc, sums, rows, dp, c0, out + i0 * dp);
         }
     }
 }
