@@ -30,11 +30,17 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / 'configs'
 
 
-def with_env_dump(text: str) -> str:
+def with_env_dump(text: str, work_dir: Path | None = None) -> str:
     """``text`` plus the run logs it names: the tools print mmengine's environment and config dump (world size,
-    launcher, wrapper types) to the log file only, behind one ``environment and config: FILE`` line."""
+    launcher, wrapper types) to the log file only, behind one ``environment and config: FILE`` line.
+
+    With ``work_dir``, the run logs under it (``WORK_DIR/TIMESTAMP/TIMESTAMP.log``) are read whether or not the
+    console names them: several ranks share one console pipe, and a check of what rank 0 logged should not hang on
+    how their lines interleave there."""
     files = re.findall(r'environment and config: (\S+)', text)
-    return text + ''.join(Path(f).read_text() for f in files if Path(f).is_file())
+    if work_dir is not None:
+        files += [str(f) for f in sorted(Path(work_dir).glob('*/*.log'))]
+    return text + ''.join(Path(f).read_text() for f in dict.fromkeys(files) if Path(f).is_file())
 
 
 def official_keys(path: Path, section: str) -> dict[str, tuple[int, ...]]:

@@ -375,7 +375,7 @@ def test_two_process_cpu_ddp_with_frozen_stages(tmp_path, demo_data):
         cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, 'PYTHON': PY, 'PORT': '29533'})
     log = out.stdout + out.stderr
     assert out.returncode == 0, log[-4000:]
-    assert 'distributed training: true' in with_env_dump(log).lower(), log[-3000:]
+    assert 'distributed training: true' in with_env_dump(log, work).lower(), log[-3000:]
     assert (work / 'iter_4.pth').exists()
     assert 'Expected to have finished reduction' not in log
 
