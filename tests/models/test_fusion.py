@@ -99,3 +99,25 @@ def test_fused_linear_follows_cpu_autocast(case, low):
         assert gemms.seen == {('mkldnn::_linear_pointwise', torch.bfloat16)}
     assert ref.dtype == got.dtype == expected and chained.dtype == torch.float32
     assert max_rel_error(got, exact) <= REDUCED_VS_FP32[{'bfloat16': 'bf16', 'float16': 'fp16'}[low]]
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_all_finite_agrees_with_isfinite(dtype):
+    """The one-pass check against ``torch.isfinite(x).all()``: NaN, +-Inf (alone and together, whose sum is NaN),
+    finite values whose sum overflows the accumulator (still all finite), and an empty map."""
+    from mmplugin.models.layers.fusion import all_finite
+    big = torch.finfo(dtype).max
+    g = torch.Generator().manual_seed(0)
+    cases = [torch.randn(2, 3, 17, 19, generator=g).to(dtype), torch.full((64,), big, dtype=dtype),
+             torch.full((64,), -big, dtype=dtype), torch.empty(0, dtype=dtype)]
+    for bad in (float('nan'), float('inf'), float('-inf')):
+        for where in (0, 5, -1):
+            x = torch.randn(4, 33, generator=g).to(dtype)
+            x.view(-1)[where] = bad
+            cases.append(x)
+    both = torch.zeros(10, dtype=dtype)
+    both[2], both[7] = float('inf'), float('-inf')
+    cases.append(both)
+    for x in cases:
+        assert all_finite(x) == bool(torch.isfinite(x).all()), x
+    assert not all_finite(both) and all_finite(cases[1]) and all_finite(cases[3])

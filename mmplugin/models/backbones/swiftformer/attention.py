@@ -8,9 +8,9 @@ one global query by learned token scores, broadcast against the keys; linear in 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from mmplugin.models.layers.fusion import linear, linear_add
 from mmplugin.models.layers.precision import NARROW_RANGE_DTYPES, autocast_dtype
 
 __all__ = ['l2_normalize', 'L2Norm', 'EfficientAdditiveAttention']
@@ -88,15 +88,19 @@ class EfficientAdditiveAttention(nn.Module):
         return (q @ self.w_g) * self.scale
 
     def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None) -> torch.Tensor:
-        q = self.q_norm(self.to_query(x))  # (B, N, C); two GEMMs on constant weights (exports take those)
-        k = self.k_norm(self.to_key(x))  # (B, N, C)
+        """``x (B, N, C) -> (B, N, C)``. The four linears run through :mod:`mmplugin.models.layers.fusion`: at
+        inference on oneDNN (bias and the ``+ q`` residual added in the GEMM's output tile, weights prepacked where
+        frozen), in CPU fp32 training on its training GEMMs, and as ``F.linear`` in traced / exported / compiled
+        graphs."""
+        q = self.q_norm(linear(x, self.to_query))  # (B, N, C); two GEMMs on constant weights (exports take those)
+        k = self.k_norm(linear(x, self.to_key))  # (B, N, C)
         if self.token_weighting == 'l2norm':
             a = self.token_norm(self.token_scores(q))  # (B, N, 1), normalised over the N tokens
             g = torch.bmm(a.transpose(1, 2), q)  # (B, 1, C); bmm, not @: no expand in the exported graph
         else:
             g = q.sum(dim=1, keepdim=True)
-        out = self.proj(g * k).add_(q)
+        out = linear_add(g * k, self.proj, q)  # proj(G * k) + q
         if out_scale is None:
-            return self.final(out)
+            return linear(out, self.final)
         s = out_scale.reshape(-1)
-        return F.linear(out, self.final.weight * s[:, None], self.final.bias * s)
+        return linear(out, self.final, self.final.weight * s[:, None], self.final.bias * s)

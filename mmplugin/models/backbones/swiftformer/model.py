@@ -33,6 +33,7 @@ from mmplugin.models.backbones.swiftformer.blocks import (
 from mmplugin.models.backbones.swiftformer.converter import convert_swiftformer
 from mmplugin.models.layers import (
     DropPath,
+    all_finite,
     can_fuse_onednn,
     conv_bn,
     fuse_conv_bn,
@@ -238,7 +239,7 @@ class SwiftFormer(BaseBackbone):
         """As :meth:`BaseBackbone.forward`. An input holding NaN / Inf runs without the oneDNN post-op fusion,
         which would turn NaN into 0: non-finite values propagate as in the reference formulation."""
         if (isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel()
-                and can_fuse_onednn(x, self.stem[0].weight) and not torch.isfinite(x).all()):
+                and can_fuse_onednn(x, self.stem[0].weight) and not all_finite(x)):
             with onednn_fusion_disabled():
                 return super().forward(x)
         return super().forward(x)
