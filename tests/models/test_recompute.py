@@ -46,25 +46,45 @@ def _attention_inputs(b, nw, heads, n, d, dtype, seed):
     return qkv, qkv.view(b * nw, n, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
 
 
+@pytest.mark.parametrize('packed', [False, True])  # q, k, v as three inputs, or their (3, ...) stack as one
 @pytest.mark.parametrize('shifted', [True, False])  # a shift mask per window, or the position bias alone
-def test_window_attention_gradients(shifted):
+def test_window_attention_gradients(shifted, packed):
     b, nw, heads, n, d = 2, 3, 2, 4, 3
     qkv, _ = _attention_inputs(b, nw, heads, n, d, torch.float64, 0)
     pos = _f64(1, heads, n, n, seed=3)
     mask = torch.randn(nw, n, n, dtype=torch.float64) if shifted else None
 
     def attend(qkv, pos):
-        q, k, v = qkv.view(b * nw, n, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
-        return recompute._WindowAttention.apply(q, k, v, pos, mask, b, 0.7)
+        stacked = qkv.view(b * nw, n, 3, heads, d).permute(2, 0, 3, 1, 4)
+        if packed:
+            return recompute._WindowAttention.apply(stacked, None, None, None, pos, mask, b, 0.7)
+        return recompute._WindowAttention.apply(None, *stacked.unbind(0), pos, mask, b, 0.7)
 
     assert torch.autograd.gradcheck(attend, (qkv, pos))
+
+
+def test_packed_window_attention_gives_the_separate_gradients_bit_for_bit():
+    """Handing the (3, B*nW, heads, N, d) projection view over as one tensor changes where the backward writes the
+    three gradients, not their values: fp32 gradients of the projection and the bias equal the separate form's."""
+    b, nw, heads, n, d = 2, 4, 3, 49, 32
+    pos, mask = torch.randn(1, heads, n, n, requires_grad=True), torch.randn(nw, n, n)
+    g = torch.randn(b * nw, heads, n, d)
+    grads = []
+    for packed in (False, True):
+        qkv, (q, k, v) = _attention_inputs(b, nw, heads, n, d, torch.float32, 1)
+        stacked = qkv.view(b * nw, n, 3, heads, d).permute(2, 0, 3, 1, 4) if packed else None
+        out = recompute.window_softmax_attention(q, k, v, pos, mask, b, d**-0.5, stacked)
+        grads.append(torch.autograd.grad(out, (qkv, pos), g))
+    assert all(torch.equal(a, c) for a, c in zip(*grads))
+    with pytest.raises(ValueError, match='packed must be'):
+        recompute.window_softmax_attention(q, k, v, pos, mask, b, d**-0.5, qkv)
 
 
 def test_second_derivatives_raise_instead_of_being_wrong():
     """The window attention saves tensors it made itself (``scale * q``, contiguous k and v), which a second
     derivative would treat as constants: ``once_differentiable`` makes that an error, not a wrong number."""
     _, (q, k, v) = _attention_inputs(2, 3, 2, 4, 3, torch.float64, 0)
-    out = recompute._WindowAttention.apply(q, k, v, _f64(1, 2, 4, 4, seed=1), None, 2, 0.7)
+    out = recompute._WindowAttention.apply(None, q, k, v, _f64(1, 2, 4, 4, seed=1), None, 2, 0.7)
     (g, ) = torch.autograd.grad(out.pow(2).sum(), q, create_graph=True)
     with pytest.raises(RuntimeError, match='once_differentiable|does not require grad'):
         g.sum().backward()

@@ -157,14 +157,21 @@ class _WindowAttention(torch.autograd.Function):
     """``softmax(scale * q k^T + pos + mask) v`` saving ``scale * q``, ``k`` and ``v`` (contiguous: the layout the
     batched products read) and the position bias, not the probabilities: the backward recomputes them with the
     forward's own ops (one ``(N, N)`` product and softmax per window and head). The shift mask is the stage's shared
-    buffer, so keeping it costs nothing."""
+    buffer, so keeping it costs nothing.
+
+    Given ``packed``, the ``(3, B*nW, heads, N, d)`` tensor whose three slices are q, k and v, the function takes it
+    in their place and writes its gradient as one tensor: the three products of the backward land in its slices, where
+    separate gradients would be stacked into a fourth buffer (Swin-T's first stage at 512x768, batch 2: a 56 MB map
+    written once more per block, and held beside the three at the peak)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, pos, mask, b, scale):
+    def forward(ctx, packed, q, k, v, pos, mask, b, scale):
+        if packed is not None:
+            q, k, v = packed.unbind(0)
         qs, k, v = (q * scale).contiguous(), k.contiguous(), v.contiguous()
         probs = window_softmax(torch.matmul(qs, k.transpose(-2, -1)), pos, mask, b)
         ctx.save_for_backward(qs, k, v, pos, mask)
-        ctx.b, ctx.scale = b, scale
+        ctx.b, ctx.scale, ctx.packed = b, scale, packed is not None
         return torch.matmul(probs, v)
 
     @staticmethod
@@ -172,23 +179,37 @@ class _WindowAttention(torch.autograd.Function):
     def backward(ctx, grad):
         qs, k, v, pos, mask = ctx.saved_tensors
         b, scale = ctx.b, ctx.scale
+        packed = grad.new_empty((3, *qs.shape)) if ctx.packed else None
+        out_q, out_k, out_v = (None, None, None) if packed is None else packed.unbind(0)  # None: fresh tensors
         probs = window_softmax(torch.matmul(qs, k.transpose(-2, -1)), pos, mask, b)
-        d_v = torch.matmul(probs.transpose(-2, -1), grad)
+        d_v = torch.matmul(probs.transpose(-2, -1), grad, out=out_v)
         d_logits = torch.matmul(grad, v.transpose(-2, -1))  # d probs, overwritten by d logits (row by row, as above)
         torch.ops.aten._softmax_backward_data.out(d_logits, probs, -1, probs.dtype, grad_input=d_logits)
         del probs
-        d_pos = d_logits.sum_to_size(pos.shape) if ctx.needs_input_grad[3] else None
-        d_q = torch.matmul(d_logits, k).mul_(scale)
-        d_k = torch.matmul(d_logits.transpose(-2, -1), qs)
-        return d_q, d_k, d_v, d_pos, None, None, None
+        d_pos = d_logits.sum_to_size(pos.shape) if ctx.needs_input_grad[4] else None
+        d_q = torch.matmul(d_logits, k, out=out_q).mul_(scale)
+        d_k = torch.matmul(d_logits.transpose(-2, -1), qs, out=out_k)
+        if packed is not None:
+            return packed, None, None, None, d_pos, None, None, None
+        return None, d_q, d_k, d_v, d_pos, None, None, None
 
 
 def window_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-                             mask: torch.Tensor | None, b: int, scale: float) -> torch.Tensor:
+                             mask: torch.Tensor | None, b: int, scale: float,
+                             packed: torch.Tensor | None = None) -> torch.Tensor:
     """``softmax(scale * q k^T + pos + mask) v``: ``q, k, v`` ``(B*nW, heads, N, d)`` -> ``(B*nW, heads, N, d)``,
     with the ``(1, heads, N, N)`` position bias ``pos`` and the ``(nW, N, N)`` shift mask (or None) shared by the
     ``b`` images. Keeps no probabilities for the backward where :func:`recompute_applies`; autograd's ops
-    elsewhere. The mask takes no gradient."""
+    elsewhere. The mask takes no gradient.
+
+    ``packed``: the ``(3, B*nW, heads, N, d)`` tensor that ``q, k, v`` are the slices of (e.g. the projection's
+    output split into heads), if there is one: its gradient is then written as one tensor (see ``_WindowAttention``).
+    """
+    if packed is not None and not (packed.shape[0] == 3 and packed[0].shape == q.shape):
+        raise ValueError(f'packed must be the (3, *q.shape) stack of q, k, v; got {tuple(packed.shape)} for q of '
+                         f'shape {tuple(q.shape)}')
     if recompute_applies(q, k, v, pos):
-        return _WindowAttention.apply(q, k, v, pos, mask, b, scale)
+        if packed is not None:
+            return _WindowAttention.apply(packed, None, None, None, pos, mask, b, scale)
+        return _WindowAttention.apply(None, q, k, v, pos, mask, b, scale)
     return torch.matmul(window_softmax(torch.matmul(q * scale, k.transpose(-2, -1)), pos, mask, b), v)

@@ -85,20 +85,24 @@ def log_spaced_coords(ws: int, pretrained_ws: int) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------------- attention
 def _split_heads(qkv: torch.Tensor, heads: int):
+    """``(B*nW, N, 3C)`` projections -> the ``(3, B*nW, heads, N, d)`` view of them (q, k, v, each split into heads)
+    and its three slices q, k, v."""
     bw, n, c3 = qkv.shape
-    qkv = qkv.view(bw, n, 3, heads, c3 // (3 * heads)).permute(2, 0, 3, 1, 4)
+    packed = qkv.view(bw, n, 3, heads, c3 // (3 * heads)).permute(2, 0, 3, 1, 4)
     if torch.is_grad_enabled() and not is_tracing() and not torch.compiler.is_exporting():
         # one gradient node that stacks the three gradients, where indexing zero-fills a full (3, ...) buffer for
         # each of q, k and v and adds the three
-        return qkv.unbind(0)
-    return qkv[0], qkv[1], qkv[2]  # (B*nW, heads, N, d) each
+        return packed, *packed.unbind(0)
+    return packed, packed[0], packed[1], packed[2]  # (B*nW, heads, N, d) each
 
 
 def _attend(q, k, v, pos: torch.Tensor, mask: torch.Tensor | None, b: int, scale: float | None,
-            dropout: float = 0.0, cosine: torch.Tensor | None = None) -> torch.Tensor:
+            dropout: float = 0.0, cosine: torch.Tensor | None = None,
+            packed: torch.Tensor | None = None) -> torch.Tensor:
     """SDPA over windows. ``pos``: the ``(1, heads, N, N)`` position bias; ``mask``: the ``(nW, N, N)`` shift mask
     or None, shared by the ``b`` images of the batch; ``dropout`` on the attention probabilities (training only);
-    ``cosine``: V2's per-head logit scale ``(heads, 1, 1)``, for queries and keys not yet normalised.
+    ``cosine``: V2's per-head logit scale ``(heads, 1, 1)``, for queries and keys not yet normalised; ``packed``: the
+    ``(3, B*nW, heads, N, d)`` tensor whose slices are q, k, v, or None (:func:`_split_heads`).
     The branch is on whether there is a mask (never on a size), so a traced graph serves every batch and window
     count; for ``b == 1`` the expand-reshape is a view."""
     bw, heads, n, d = q.shape
@@ -108,8 +112,9 @@ def _attend(q, k, v, pos: torch.Tensor, mask: torch.Tensor | None, b: int, scale
             return out
         # fp16: normalised in fp32 (a zero padding token's norm is 0, and fp16 has no 1e-12 epsilon)
         q, k = fp32_normalize(q, scale=cosine), fp32_normalize(k)
+        packed = None  # its slices are no longer the queries and keys attended
     if _explicit_for_training(q, pos):
-        return _attend_explicit(q, k, v, pos, mask, b, scale, dropout)
+        return _attend_explicit(q, k, v, pos, mask, b, scale, dropout, packed)
     if not dropout:
         out = window_attention(q, k, v, pos, mask, scale)  # CPU inference: the fused kernel, else None
         if out is not None:
@@ -148,7 +153,7 @@ _EXPLICIT_DTYPES = (torch.float32, torch.float64)
 
 
 def _attend_explicit(q, k, v, pos: torch.Tensor, mask: torch.Tensor | None, b: int, scale: float | None,
-                     dropout: float) -> torch.Tensor:
+                     dropout: float, packed: torch.Tensor | None = None) -> torch.Tensor:
     """``softmax(scale * q k^T + pos + mask) v`` as batched products (mmdet's and the official formulation), the
     position bias and the shift mask broadcast over the windows and the ``b`` images by views; without dropout the
     probabilities are recomputed in the backward instead of kept
@@ -159,7 +164,7 @@ def _attend_explicit(q, k, v, pos: torch.Tensor, mask: torch.Tensor | None, b: i
         probs = window_softmax(torch.matmul(q * scale, k.transpose(-2, -1)), pos, mask, b)
         out = torch.matmul(F.dropout(probs, dropout), v)
     else:
-        out = window_softmax_attention(q, k, v, pos, mask, b, scale)
+        out = window_softmax_attention(q, k, v, pos, mask, b, scale, packed)
     return out.transpose(1, 2).reshape(bw, n, heads * d)
 
 
@@ -214,10 +219,11 @@ class WindowAttentionBase(nn.Module):
         b = x.shape[0]
         out = self._map_attention(x, geom)  # (B, H, W, C) where the fused kernel ran (CPU inference), else None
         if out is None:
-            q, k, v = _split_heads(geom.partition_projected(x, self.project), self.num_heads)  # (B*nW, heads, N, d)
+            # (3, B*nW, heads, N, d) and its slices (B*nW, heads, N, d)
+            packed, q, k, v = _split_heads(geom.partition_projected(x, self.project), self.num_heads)
             scale, cosine = self.attention_scales()
             pos = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
-            out = _attend(q, k, v, pos, geom.mask, b, scale, self.attn_drop if self.training else 0.0, cosine)
+            out = _attend(q, k, v, pos, geom.mask, b, scale, self.attn_drop if self.training else 0.0, cosine, packed)
             if self.training and self.proj_drop.p > 0:
                 out = geom.reverse(self.proj_drop(linear(out, self.proj)), b)
                 return out if residual is None else residual + out
