@@ -1,6 +1,7 @@
 """Peak memory of one training step (forward + backward, batch 2) of one benchmark model, measured in a fresh
 process so that no other model's allocations count: on CPU the growth of the RSS high-water mark over the step (reset
-before it on Linux, so building the models does not hide a small step's peak), ``max_memory_allocated`` on CUDA.
+before it on Linux, so building the models does not hide a small step's peak) with every large block mapped and
+unmapped as it is allocated and freed (:func:`child_env`), ``max_memory_allocated`` on CUDA.
 
 :func:`peak_memory` runs ``python -m mmplugin.analysis.memory FAMILY ARCH NAME HxW WITH_CP DEVICE`` and reads the
 JSON line it prints.
@@ -14,7 +15,7 @@ import sys
 import torch
 
 __all__ = ['peak_memory', 'measure_peak_memory', 'peak_in_subprocess', 'child_env', 'rss_growth_mib',
-           'enable_checkpointing', 'supports_checkpointing']
+           'enable_checkpointing', 'supports_checkpointing', 'MMAP_THRESHOLD']
 
 
 def supports_checkpointing(model: torch.nn.Module) -> bool:
@@ -92,17 +93,27 @@ def peak_memory(family: str, arch: str, name: str, size: tuple[int, int], with_c
                                                            str(int(bool(with_cp))), str(device)], timeout)
 
 
+# glibc's initial mmap threshold, fixed: every block of 128 KiB or more is mapped when allocated and unmapped when
+# freed, so the RSS follows the live allocations
+MMAP_THRESHOLD = 128 * 1024
+
+
 def child_env() -> dict[str, str]:
     """The environment of a measuring child process: this process's, with its torch thread count
-    (``OMP_NUM_THREADS``) and, where :func:`mmplugin.inference.allocator.retain_freed_memory` is in effect here,
-    glibc's same settings (``MALLOC_MMAP_MAX_=0``, ``MALLOC_TRIM_THRESHOLD_``), so that a table's peak-memory rows
-    run under the options (``--threads``, ``--retain-memory``) its timed rows ran under."""
+    (``OMP_NUM_THREADS``) and glibc's mmap threshold fixed at 128 KiB (``MALLOC_MMAP_THRESHOLD_``, no
+    ``MALLOC_MMAP_MAX_`` / ``MALLOC_TRIM_THRESHOLD_``), so that the child's peak RSS growth is the peak of what the
+    step keeps allocated, as ``max_memory_allocated`` is on CUDA.
+
+    Why fixed: glibc raises its threshold after freeing large blocks and then serves them from a heap that fragments,
+    and a retained heap (``--retain-memory``) keeps every freed block. Either way the same step's peak varied by
+    10%: Swin-T's plugin step (batch 2, 512x768, fp32) gave 1513-1706 MiB with glibc's defaults and 1615-1766 MiB
+    heap-only over a few runs, mmdet's 2006-2026 and 2061-2276; with the threshold fixed, 1244.5 and 1787.9 MiB in
+    every run (to 0.1 MiB; AMD EPYC family 25 model 17). Timed rows keep their own allocator settings."""
     import os
 
-    from mmplugin.inference.allocator import retained
-    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))
-    if retained():
-        env.update(MALLOC_MMAP_MAX_='0', MALLOC_TRIM_THRESHOLD_=str(2**31 - 1))
+    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()), MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD))
+    for name in ('MALLOC_MMAP_MAX_', 'MALLOC_TRIM_THRESHOLD_'):
+        env.pop(name, None)
     return env
 
 

@@ -155,15 +155,17 @@ def test_gemm_floor_command_line_errors():
         assert out.returncode == 2 and msg in out.stderr, (args, out.stderr[-500:])
 
 
-def test_peak_memory_children_run_under_the_parents_threads_and_allocator():
-    """The peak-memory rows run in fresh processes: they get this process's torch thread count, and glibc's retain
-    settings exactly when this process retains freed memory (a child started through the same helper reads them)."""
+def test_peak_memory_children_run_under_the_parents_threads_and_a_fixed_mmap_threshold():
+    """The peak-memory rows run in fresh processes: they get this process's torch thread count, and glibc's mmap
+    threshold fixed at 128 KiB with no retain settings, whether or not this process retains freed memory (so RSS
+    follows the live allocations). A child started through the helper maps a freed 1 MiB block out again: its RSS
+    drops back, where the retain settings would have kept it."""
     import subprocess
     import sys
 
     import torch
 
-    from mmplugin.analysis.memory import child_env
+    from mmplugin.analysis.memory import MMAP_THRESHOLD, child_env
     from mmplugin.inference import allocator
     threads = torch.get_num_threads()
     try:
@@ -174,12 +176,49 @@ def test_peak_memory_children_run_under_the_parents_threads_and_allocator():
         assert out.stdout.strip() == '1'
     finally:
         torch.set_num_threads(threads)
-    import os
-    assert env.get('MALLOC_MMAP_MAX_') == ('0' if allocator.retained() else os.environ.get('MALLOC_MMAP_MAX_'))
     saved = allocator._RETAINED
     try:  # as after --retain-memory (without changing this process's allocator)
         allocator._RETAINED = True
         env = child_env()
     finally:
         allocator._RETAINED = saved
-    assert env['MALLOC_MMAP_MAX_'] == '0' and env['MALLOC_TRIM_THRESHOLD_'] == str(2**31 - 1)
+    assert env['MALLOC_MMAP_THRESHOLD_'] == str(MMAP_THRESHOLD) == '131072'
+    assert 'MALLOC_MMAP_MAX_' not in env and 'MALLOC_TRIM_THRESHOLD_' not in env
+    if sys.platform.startswith('linux'):
+        grown, left = _freed_blocks_kept(env)
+        assert grown >= 60 * 1024 and left < 4 * 1024, (grown, left)  # KiB: 64 MiB touched, then given back
+        grown, left = _freed_blocks_kept({k: v for k, v in env.items() if k != 'MALLOC_MMAP_THRESHOLD_'})
+        assert left > 32 * 1024, (grown, left)  # glibc's adaptive threshold: the same blocks stay in the heap
+
+
+_PROBE = """
+import ctypes, re
+rss = lambda: int(re.search(r"VmRSS:\\s+(\\d+)", open("/proc/self/status").read()).group(1))
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+def blocks():
+    big, small = [], []
+    for _ in range(64):
+        big.append(libc.malloc(1 << 20))
+        ctypes.memset(big[-1], 1, 1 << 20)
+        small.append(libc.malloc(1024))  # a live block after each large one: a heap cannot be trimmed below it
+    return big, small
+for p in blocks()[0]:  # glibc's adaptive threshold rises past 1 MiB here
+    libc.free(ctypes.c_void_p(p))
+before = rss()
+big, small = blocks()
+peak = rss()
+for p in big:
+    libc.free(ctypes.c_void_p(p))
+print(peak - before, rss() - before)
+"""
+
+
+def _freed_blocks_kept(env) -> tuple[int, int]:
+    """A child under ``env`` allocates and touches 64 blocks of 1 MiB (each followed by a small block it keeps),
+    frees the large ones: its RSS growth at the peak and after the frees, in KiB."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, '-c', _PROBE], env=env, capture_output=True, text=True, check=True)
+    grown, left = map(int, out.stdout.split())
+    return grown, left

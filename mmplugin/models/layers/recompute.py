@@ -179,6 +179,9 @@ class _WindowAttention(torch.autograd.Function):
     def backward(ctx, grad):
         qs, k, v, pos, mask = ctx.saved_tensors
         b, scale = ctx.b, ctx.scale
+        # the output's gradient arrives as a view of the merged heads' gradient: two products read it, and each would
+        # copy it into a contiguous batch of its own
+        grad = grad.contiguous()
         packed = grad.new_empty((3, *qs.shape)) if ctx.packed else None
         out_q, out_k, out_v = (None, None, None) if packed is None else packed.unbind(0)  # None: fresh tensors
         probs = window_softmax(torch.matmul(qs, k.transpose(-2, -1)), pos, mask, b)
