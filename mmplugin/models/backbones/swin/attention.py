@@ -85,8 +85,7 @@ def log_spaced_coords(ws: int, pretrained_ws: int) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------------- attention
 def _split_heads(qkv: torch.Tensor, heads: int):
-    """``(B*nW, N, 3C)`` projections -> the ``(3, B*nW, heads, N, d)`` view of them (q, k, v, each split into heads)
-    and its three slices q, k, v."""
+    """``(B*nW, N, 3C)`` projections -> their ``(3, B*nW, heads, N, d)`` view and its slices q, k, v."""
     bw, n, c3 = qkv.shape
     packed = qkv.view(bw, n, 3, heads, c3 // (3 * heads)).permute(2, 0, 3, 1, 4)
     if torch.is_grad_enabled() and not is_tracing() and not torch.compiler.is_exporting():
@@ -219,7 +218,6 @@ class WindowAttentionBase(nn.Module):
         b = x.shape[0]
         out = self._map_attention(x, geom)  # (B, H, W, C) where the fused kernel ran (CPU inference), else None
         if out is None:
-            # (3, B*nW, heads, N, d) and its slices (B*nW, heads, N, d)
             packed, q, k, v = _split_heads(geom.partition_projected(x, self.project), self.num_heads)
             scale, cosine = self.attention_scales()
             pos = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
