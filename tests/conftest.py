@@ -35,7 +35,7 @@ def with_env_dump(text: str, work_dir: Path | None = None) -> str:
     launcher, wrapper types) to the log file only, behind one ``environment and config: FILE`` line.
 
     With ``work_dir``, the run logs under it (``WORK_DIR/TIMESTAMP/TIMESTAMP.log``) are read whether or not the
-    console names them: several ranks share one console pipe, and a check of what rank 0 logged should not hang on
+    console names them: several ranks share one console pipe, and a check of what rank 0 logged should not depend on
     how their lines interleave there."""
     files = re.findall(r'environment and config: (\S+)', text)
     if work_dir is not None:

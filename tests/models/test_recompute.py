@@ -242,6 +242,20 @@ def test_frozen_and_traced_blocks_keep_the_inference_path(monkeypatch):
 
 
 @pytest.mark.parametrize('v2', [False, True], ids=['v1', 'v2'])
+def test_swin_training_hands_the_projection_over_packed(v2, monkeypatch):
+    """Swin V1's training attention gives the recomputing function the (3, B*nW, heads, N, d) projection view whole
+    (one gradient tensor, no stack of three); V2's cosine attention normalises q and k first, so it hands over the
+    three tensors it attends."""
+    packed = []
+    fwd = recompute._WindowAttention.forward
+    monkeypatch.setattr(recompute._WindowAttention, 'forward',
+                        staticmethod(lambda ctx, p, *a: packed.append(p is not None) or fwd(ctx, p, *a)))
+    model = (SwinTransformerV2 if v2 else SwinTransformer)(SMALL, drop_path_rate=0.0).train()
+    sum(o.sum() for o in model(torch.randn(1, 3, 64, 64))).backward()
+    assert len(packed) == sum(SMALL['depths']) and set(packed) == {not v2}, packed
+
+
+@pytest.mark.parametrize('v2', [False, True], ids=['v1', 'v2'])
 def test_training_gradients_equal_the_official_formulation(v2, monkeypatch):
     """Forward + backward at a padded, shifted size in float64 with the recomputing ops in every block (V1's
     pre-norm MLP also recomputes its LayerNorm): every parameter's gradient equals the official formulation's

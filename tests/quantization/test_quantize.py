@@ -296,3 +296,26 @@ def test_tool_quantizes_a_published_layout_checkpoint(tmp_path, capsys):
     out = capsys.readouterr().out
     res = json.loads(out[out.rindex('\n{') + 1:])  # the tool's JSON report closes its output
     assert res['int8_images'] == 3 and 'mIoU' in res['fp32'] and set(res['fp32']) == set(res['int8'])
+
+
+def test_int8_attention_linears_are_exported_as_their_modules():
+    """The quantiser's ``keep_float`` by module name or type matches a linear through the module stack of its exported
+    node: the int8 attention calls its linears as modules (the model's own attention runs them through the fused
+    ops, which record no module), so every linear node names its module, and the numbers stay the model's."""
+    from mmplugin.models.backbones.swiftformer.attention import EfficientAdditiveAttention
+    torch.manual_seed(0)
+    attn = EfficientAdditiveAttention(8).eval()
+    int8 = Q.Int8AdditiveAttention(attn).eval()
+    x = torch.randn(2, 5, 8)
+    with torch.no_grad():
+        assert torch.allclose(int8(x), attn(x), rtol=1e-5, atol=1e-6)
+    graph = torch.export.export(int8, (x, ), strict=False).graph
+    owners = set()
+    for node in graph.nodes:
+        if node.op == 'call_function' and node.target in (torch.ops.aten.linear.default, ):
+            stack = list((node.meta.get('nn_module_stack') or {}).values())
+            kind = stack[-1][1] if stack else None  # the module's class, or its qualified name
+            kind = kind if isinstance(kind, str) or kind is None else f'{kind.__module__}.{kind.__qualname__}'
+            assert kind == 'torch.nn.modules.linear.Linear', (node, stack)
+            owners.add(stack[-1][0].split('.')[-1])
+    assert owners == {'to_query', 'to_key', 'proj', 'final', 'token_score'}, owners
