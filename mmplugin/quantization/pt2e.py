@@ -64,10 +64,8 @@ class Int8AdditiveAttention(EfficientAdditiveAttention):
     ``q w_g / sqrt(C)`` are a bias-free ``nn.Linear(C, 1)`` holding ``w_g / sqrt(C)``, a static weight that the
     quantiser annotates and XNNPACK takes (``(q @ w_g) * scale`` is a matmul on a parameter and a float multiply).
     Built from a deployed attention (layer scale folded into ``final``); shares its linears, and calls them as
-    modules, so that ``keep_float`` by module name or type reaches them.
+    modules where exported, so that ``keep_float`` by module name or type reaches them.
     """
-
-    call_modules = True
 
     def __init__(self, attn: EfficientAdditiveAttention):
         nn.Module.__init__(self)

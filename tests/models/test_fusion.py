@@ -9,7 +9,14 @@ import torch.nn.functional as F
 from conftest import FP32_PARITY
 from torch import nn
 
-from mmplugin.models.layers.fusion import _onednn_bf16, linear, linear_act, linear_add, onednn_fusion_disabled
+from mmplugin.models.layers.fusion import (
+    _onednn_bf16,
+    can_fuse_onednn,
+    linear,
+    linear_act,
+    linear_add,
+    onednn_fusion_disabled,
+)
 from mmplugin.testing.conformance import _GemmDtypes
 from mmplugin.testing.numeric import REDUCED_VS_FP32
 from mmplugin.utils.numerics import max_rel_error
@@ -53,6 +60,36 @@ def test_fused_linear_falls_back_under_autograd():
     r.requires_grad_(True)
     linear_add(linear_act(x, layer, 'gelu')[..., :40], layer, r).sum().backward()
     assert torch.equal(r.grad, torch.ones_like(r)) and layer.weight.grad is not None
+
+
+@pytest.mark.parametrize('case', list(CASES))
+def test_where_nothing_fuses_the_module_itself_is_called(case):
+    """Where no fused op applies (fusion off, float64, traced), the layer runs as a module call, so its forward hooks
+    fire and traced graphs name it; with replacement weights, or on the fused path, it is not called."""
+    fused, plain = CASES[case]
+    layer, x, r = _operands()
+    calls = []
+    layer.register_forward_hook(lambda mod, args, out: calls.append(args[0].dtype))
+    with torch.inference_mode():
+        fused(x, layer, r)
+        fuses = case != 'relu' and can_fuse_onednn(x, layer.weight)  # ReLU runs as its own op (NaN stays NaN)
+        assert calls == ([] if fuses else [torch.float32])
+        calls.clear()
+        with onednn_fusion_disabled():
+            assert torch.equal(fused(x, layer, r), plain(x, layer, r))
+        ref64 = nn.Linear(40, 72).double()
+        ref64.load_state_dict(layer.state_dict())
+        ref64.register_forward_hook(lambda mod, args, out: calls.append(args[0].dtype))
+        assert torch.equal(fused(x.double(), ref64, r.double()), plain(x.double(), ref64, r.double()))
+    assert calls == [torch.float32, torch.float64]
+    calls.clear()
+    with torch.inference_mode(), onednn_fusion_disabled():
+        linear(x, layer, layer.weight * 2, layer.bias)  # replacement weights: not the module's function
+    assert calls == []
+    layer.requires_grad_(False)  # traced as constants of the graph
+    traced = torch.jit.trace(lambda t: fused(t, layer, r), (x,), check_trace=False)
+    assert calls == [torch.float32]
+    assert torch.equal(traced(x), plain(x, layer, r))
 
 
 @pytest.mark.parametrize('case', list(CASES))

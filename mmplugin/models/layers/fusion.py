@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from mmplugin.models.layers.gemm import onednn_ops_available, train_linear
+from mmplugin.models.layers.gemm import onednn_ops_available, train_linear, trains_on_onednn
 from mmplugin.models.layers.prepack import prepacked
 
 
@@ -259,6 +259,15 @@ def conv_add(x: torch.Tensor, conv: nn.Conv2d, residual: torch.Tensor, weight: t
     return add_residual(F.conv2d(x, w, b, conv.stride, conv.padding, conv.dilation, conv.groups), residual)
 
 
+def _standard_linear(x: torch.Tensor, layer: nn.Linear, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """``layer(x)`` where no fused op applies: oneDNN's training GEMM (:func:`train_linear`) in fp32 CPU autograd,
+    otherwise the module call itself when ``w`` / ``b`` are its own, so that what sees modules sees this one (forward
+    hooks; traced and exported graphs name it, which PT2E int8's ``keep_float`` by module name or type needs)."""
+    if w is layer.weight and b is layer.bias and not trains_on_onednn(x, w, b):
+        return layer(x)
+    return train_linear(x, w, b)
+
+
 def linear(x: torch.Tensor, layer: nn.Linear, weight: torch.Tensor | None = None,
            bias: torch.Tensor | None = None) -> torch.Tensor:
     """``layer(x)`` (or with replacement ``weight`` / ``bias``) on ``(..., K)`` tensors, through oneDNN's linear at
@@ -270,7 +279,7 @@ def linear(x: torch.Tensor, layer: nn.Linear, weight: torch.Tensor | None = None
     dtype = fused_dtype(x, w, b)
     if dtype is not None:
         return torch.ops.mkldnn._linear_pointwise(*_linear_operands(dtype, x, w, b), 'none', [], '')
-    return train_linear(x, w, b)
+    return _standard_linear(x, layer, w, b)
 
 
 def linear_act(x: torch.Tensor, linear: nn.Linear, act: str) -> torch.Tensor:
@@ -283,7 +292,7 @@ def linear_act(x: torch.Tensor, linear: nn.Linear, act: str) -> torch.Tensor:
     if dtype is not None:
         return torch.ops.mkldnn._linear_pointwise(*_linear_operands(dtype, x, linear.weight, linear.bias), 'gelu',
                                                   [], 'none')
-    return _act(train_linear(x, linear.weight, linear.bias), act)
+    return _act(_standard_linear(x, linear, linear.weight, linear.bias), act)
 
 
 def linear_add(x: torch.Tensor, linear: nn.Linear, residual: torch.Tensor) -> torch.Tensor:
@@ -296,4 +305,4 @@ def linear_add(x: torch.Tensor, linear: nn.Linear, residual: torch.Tensor) -> to
         if residual.dtype == dtype:
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, b, 'add')
         return add_residual(torch.ops.mkldnn._linear_pointwise(x, w, b, 'none', [], ''), residual)
-    return add_residual(train_linear(x, linear.weight, linear.bias), residual)
+    return add_residual(_standard_linear(x, linear, linear.weight, linear.bias), residual)

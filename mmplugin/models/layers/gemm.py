@@ -24,7 +24,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-__all__ = ['onednn_ops_available', 'onednn_training_gemms', 'onednn_fp32', 'product', 'input_grad', 'train_linear']
+__all__ = ['onednn_ops_available', 'onednn_training_gemms', 'onednn_fp32', 'product', 'input_grad', 'trains_on_onednn',
+           'train_linear']
 
 
 def onednn_ops_available(*names: str) -> bool:
@@ -102,11 +103,16 @@ class _Linear(torch.autograd.Function):
         return d_x, d_w, d_b
 
 
+def trains_on_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """:func:`train_linear` runs ``x`` against ``weight`` on oneDNN (fp32 CPU autograd, well-formed operands)."""
+    return (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad) and onednn_fp32(x, weight)
+            and _fits(x, weight, bias))
+
+
 def train_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` on ``(..., K)`` -> ``(..., N)``; in fp32 CPU autograd through oneDNN as the
     module docstring says, elsewhere ``F.linear`` itself."""
-    if (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad) and onednn_fp32(x, weight)
-            and _fits(x, weight, bias)):
+    if trains_on_onednn(x, weight, bias):
         # 2-D inside the function: oneDNN returns an N-D result as a view, and a custom function's output must not be
         # one (a later in-place add, e.g. a residual, would be refused)
         return _Linear.apply(x.reshape(-1, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])

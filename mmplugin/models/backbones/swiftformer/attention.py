@@ -87,15 +87,9 @@ class EfficientAdditiveAttention(nn.Module):
         """``q (B, N, C) -> q w_g / sqrt(C)`` of shape ``(B, N, 1)``."""
         return (q @ self.w_g) * self.scale
 
-    #: run the four linears as module calls instead of the fused ops: PT2E int8 (:mod:`mmplugin.quantization.pt2e`)
-    #: annotates the exported linears by module name and type, which only a module call records
-    call_modules = False
-
     def _linear(self, layer: nn.Linear, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """``layer(x)`` (``+ residual``) on ``(B, N, C)`` tokens, through the fused ops unless :attr:`call_modules`."""
-        if self.call_modules:
-            y = layer(x)
-            return y if residual is None else y.add_(residual)
+        """``layer(x)`` (``+ residual``) on ``(B, N, C)`` tokens through the fused ops (a module call where none
+        applies, as in exported graphs)."""
         return linear(x, layer) if residual is None else linear_add(x, layer, residual)
 
     def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None) -> torch.Tensor:
