@@ -78,6 +78,8 @@ def test_packed_window_attention_gives_the_separate_gradients_bit_for_bit():
     assert all(torch.equal(a, c) for a, c in zip(*grads))
     with pytest.raises(ValueError, match='packed must be'):
         recompute.window_softmax_attention(q, k, v, pos, mask, b, d**-0.5, qkv)
+    with pytest.raises(ValueError, match='packed must be .* not a copy'):  # right shape, other memory
+        recompute.window_softmax_attention(q, k, v, pos, mask, b, d**-0.5, torch.stack((q, k, v)))
 
 
 def test_second_derivatives_raise_instead_of_being_wrong():

@@ -183,10 +183,10 @@ def _linear_operands(dtype: torch.dtype, x: torch.Tensor, w: torch.Tensor, b: to
     """:func:`_operands` for oneDNN's linear: a frozen weight's packed copy in ``dtype`` where there is one
     (:mod:`mmplugin.models.layers.prepack`), else the weight itself, cast (a 1x1 convolution's ``(N, K, 1, 1)``
     weight as its ``(N, K)`` matrix)."""
-    packed = prepacked(w, dtype)
+    packed = prepacked(w, dtype)  # already in ``dtype``: ``.to`` hands it back as it is
     if packed is None and w.dim() == 4:
         w = w.reshape(w.shape[0], w.shape[1])
-    return x.to(dtype), w.to(dtype) if packed is None else packed, None if b is None else b.to(dtype)
+    return _operands(dtype, x, w if packed is None else packed, b)
 
 
 def add_residual(out: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
