@@ -8,8 +8,10 @@ Swin-T's stage-1 shapes at 512x768, batch 2 (49,152 tokens), BLAS vs oneDNN in m
 gradient ``dY^T X`` over the 49,152 tokens 19.0 vs 66.5. So the weight gradient stays on BLAS, which reads the
 transposed operand in place (oneDNN's linear would need both operands copied into transposed layout).
 :func:`mmplugin.analysis.gemm_floor.gemm_floor` times both kernels at every shape of a model. On the AVX2 Zen 2 /
-Zen 3 parts measured the two kernels run within 10% of each other, so the choice costs nothing there; it is not
-measured on Intel CPUs. Swin's fc2 keeps its input gradient on BLAS (:mod:`.recompute`: an ``out=`` buffer).
+Zen 3 parts measured the two kernels run within 10% of each other, so the choice costs nothing there; on an Intel
+Xeon family 6 model 167 (AMX) a whole fp32 step with the linears on BLAS ran 1.00-1.03x the speed of this form
+(docs/benchmarks.md), within that machine's spread. Swin's fc2 keeps its input gradient on BLAS
+(:mod:`.recompute`: an ``out=`` buffer).
 
 oneDNN's plain linear (no post-op) keeps NaN and Inf as BLAS does. Applies in eager CPU fp32 autograd without
 autocast (under bf16 autocast ``F.linear`` already runs on oneDNN) to well-formed operands; float64, CUDA,
