@@ -34,6 +34,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from mmplugin.models.backbones.arguments import check_int_list
 from mmplugin.models.backbones.pretrained import PretrainedMixin, resolve_pretrained
 from mmplugin.models.backbones.registry import FAMILIES, detect_family, get_family, register_family
+from mmplugin.models.layers.layout import contiguous_nchw
 from mmplugin.models.layers.precision import autocast_dtype
 from mmplugin.utils.errors import ConfigTypeError, ConfigValueError
 
@@ -230,7 +231,7 @@ class BaseBackbone(PretrainedMixin, BaseModule):
     def forward_output(self, i: int, feat: torch.Tensor) -> torch.Tensor:
         """Stage ``i``'s feature -> returned NCHW map: output norm, then contiguous NCHW memory (mmcv's CPU/CUDA
         ops such as RoIAlign read raw NCHW memory)."""
-        return getattr(self, f'norm{i}')(feat).contiguous()
+        return contiguous_nchw(getattr(self, f'norm{i}')(feat))
 
     def run_block(self, block: nn.Module, x: torch.Tensor, *args) -> torch.Tensor:
         """``block(x, *args)``, recomputed in the backward pass when gradient checkpointing is on."""

@@ -423,3 +423,32 @@ def test_arch_aliases_and_outputs():
 def test_bad_construction(cls, kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         cls(**kwargs)
+
+
+@pytest.mark.parametrize('h, w, ws, shift', [(200, 304, 7, 3), (13, 19, 7, 3), (16, 16, 8, 4), (7, 7, 7, 3)])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float16, torch.bfloat16])
+def test_shift_mask_equals_the_official_construction(h, w, ws, shift, dtype):
+    """The eager mask (zeros, only the windows with several shift regions computed) and the traced form (every
+    window) equal the official construction: regions sliced on the padded map, windows partitioned, -100 across
+    regions, 0 within."""
+    from mmplugin.models.backbones.swin.windows import (
+        MASK_VALUE,
+        WindowGeometry,
+        _window_index,
+        padded_size,
+        shift_mask,
+    )
+    hp, wp = padded_size(h, ws), padded_size(w, ws)
+    img = torch.zeros(hp, wp)
+    region = 0
+    for rs in (slice(0, -ws), slice(-ws, -shift), slice(-shift, None)):
+        for cs in (slice(0, -ws), slice(-ws, -shift), slice(-shift, None)):
+            img[rs, cs] = region
+            region += 1
+    windows = img.view(hp // ws, ws, wp // ws, ws).permute(0, 2, 1, 3).reshape(-1, ws * ws)
+    official = (windows[:, None, :] - windows[:, :, None]).ne(0).float() * MASK_VALUE
+    label = _window_index(h, w, ws, shift, torch.device('cpu'))[2]
+    eager, traced = shift_mask(label, dtype, False), shift_mask(label, dtype, True)
+    assert eager.dtype == traced.dtype == dtype and eager.shape == official.shape
+    assert torch.equal(eager.float(), official) and torch.equal(traced.float(), official)
+    assert torch.equal(WindowGeometry(h, w, ws, shift, torch.device('cpu'), dtype).mask, eager)

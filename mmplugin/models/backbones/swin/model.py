@@ -31,6 +31,7 @@ from mmplugin.models.backbones.swin.keywords import ARCH_NOT_GIVEN, swin_norm_ac
 from mmplugin.models.backbones.swin.patchify import patch_embed
 from mmplugin.models.backbones.swin.windows import must_pad, padded_size
 from mmplugin.models.layers import linear_drop_path_rates, transformer_init_
+from mmplugin.models.layers.layout import contiguous_nchw
 from mmplugin.registry import MODELS
 from mmplugin.utils.errors import ConfigTypeError, ConfigValueError
 
@@ -205,7 +206,7 @@ class _SwinBase(BaseBackbone):
 
     def forward_output(self, i: int, feat: torch.Tensor) -> torch.Tensor:
         # norm on (B, H, W, C), then contiguous NCHW for mmcv's ops
-        return getattr(self, f'norm{i}')(feat).permute(0, 3, 1, 2).contiguous()
+        return contiguous_nchw(getattr(self, f'norm{i}')(feat).permute(0, 3, 1, 2))
 
 
 @MODELS.register_module()

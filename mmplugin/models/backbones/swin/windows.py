@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 __all__ = ['MASK_VALUE', 'PROJECT_FIRST_MIN', 'WindowGeometry', 'index_cache', 'is_tracing', 'must_pad', 'padded_size',
-           'window_index']
+           'shift_mask', 'window_index']
 
 MASK_VALUE = -100.0  # the fill value of every Swin implementation; finite, so safe in fp16/bf16
 
@@ -121,6 +121,24 @@ def _token_windows(h: int, w: int, ws: int, shift: int, device: torch.device):
     return rows.clamp(min=0).to(device), (rows < 0).nonzero().flatten().to(device)
 
 
+def shift_mask(label: torch.Tensor, dtype: torch.dtype, traced: bool) -> torch.Tensor:
+    """The ``(nW, N, N)`` shift mask from the ``(nW, N)`` region labels, in the map's dtype (a ``.half()`` model stays
+    fp16): 0 where two positions of a window share a shift region, ``MASK_VALUE`` across (exact in every float format).
+
+    Only the windows of the last window row and column hold more than one region. Eager on a CPU, the mask is zeros
+    with just those windows computed (Swin-T's first stage at 800x1216: 72 of 1276 windows), where the whole
+    comparison cast and scaled took three passes over the 12 MB mask per stage and forward; traced, and on other
+    devices, every window is computed (no data-dependent indexing in the graph, no device sync)."""
+    if traced or label.device.type != 'cpu':
+        return (label[:, :, None] != label[:, None, :]).to(dtype) * MASK_VALUE
+    nw, n = label.shape
+    mask = torch.zeros(nw, n, n, dtype=dtype)
+    mixed = (label != label[:, :1]).any(1).nonzero().flatten()
+    part = label[mixed]
+    mask[mixed] = (part[:, :, None] != part[:, None, :]).to(dtype) * MASK_VALUE
+    return mask
+
+
 class WindowGeometry:
     """Per-stage description of how an ``(H, W)`` map is windowed; computed once and shared by its blocks.
 
@@ -137,9 +155,7 @@ class WindowGeometry:
         self.traced = is_tracing() or not isinstance(h, int) or not isinstance(w, int)
         index = window_index if self.traced else _window_index
         self.fwd, self.inv, label = index(h, w, ws, shift, device)
-        # (nW, N, N) in the map's dtype (a .half() model stays fp16): 0 within a shift region, MASK_VALUE across
-        # (exact in every float format)
-        self.mask = None if label is None else (label[:, :, None] != label[:, None, :]).to(dtype) * MASK_VALUE
+        self.mask = None if label is None else shift_mask(label, dtype, self.traced)
 
     def map_rows(self) -> torch.Tensor:
         """``(nW, ws*ws)`` int64 rows of the unpadded map for each window token, -1 for padding (eager only): what
