@@ -65,7 +65,7 @@ def test_fused_linear_falls_back_under_autograd():
 @pytest.mark.parametrize('case', list(CASES))
 def test_where_nothing_fuses_the_module_itself_is_called(case):
     """Where no fused op applies (fusion off, float64, traced), the layer runs as a module call, so its forward hooks
-    fire and traced graphs name it; with replacement weights, or on the fused path, it is not called."""
+    fire while tracing too; with replacement weights, or on the fused path, it is not called."""
     fused, plain = CASES[case]
     layer, x, r = _operands()
     calls = []
@@ -90,6 +90,38 @@ def test_where_nothing_fuses_the_module_itself_is_called(case):
     traced = torch.jit.trace(lambda t: fused(t, layer, r), (x,), check_trace=False)
     assert calls == [torch.float32]
     assert torch.equal(traced(x), plain(x, layer, r))
+
+
+def test_a_called_module_keeps_its_own_output_and_subclasses_are_not_called():
+    """The module call's output belongs to its hooks: a forward hook keeping it sees ``linear(x)``, not the sum, and
+    a full backward hook (whose output is a view autograd guards) trains; an ``nn.Linear`` subclass is not called
+    (its forward may call these functions itself: no recursion, and the same function as on the fused path)."""
+    layer, x, r = _operands()
+    layer, x, r = layer.double(), x.double(), r.double()
+    kept = []
+    layer.register_forward_hook(lambda mod, args, out: kept.append(out))
+    layer.register_full_backward_hook(lambda mod, gin, gout: None)
+    r.requires_grad_(True)
+    out = linear_add(x, layer, r)
+    out.sum().backward()
+    expected = F.linear(x, layer.weight, layer.bias)
+    assert torch.equal(kept[0], expected) and torch.equal(out, expected + r)
+    assert torch.equal(r.grad, torch.ones_like(r)) and layer.weight.grad is not None
+
+    class Calls(nn.Linear):
+        def forward(self, t):
+            return linear(t, self)
+
+    class Shifted(nn.Linear):
+        def forward(self, t):
+            return super().forward(t) + 1
+
+    for cls in (Calls, Shifted):
+        sub = cls(40, 72).double()
+        sub.load_state_dict(layer.state_dict())
+        with torch.no_grad():
+            assert torch.equal(linear(x, sub), F.linear(x, sub.weight, sub.bias))
+            assert torch.equal(linear_add(x, sub, r), F.linear(x, sub.weight, sub.bias) + r)
 
 
 @pytest.mark.parametrize('case', list(CASES))

@@ -259,13 +259,15 @@ def conv_add(x: torch.Tensor, conv: nn.Conv2d, residual: torch.Tensor, weight: t
     return add_residual(F.conv2d(x, w, b, conv.stride, conv.padding, conv.dilation, conv.groups), residual)
 
 
-def _standard_linear(x: torch.Tensor, layer: nn.Linear, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
-    """``layer(x)`` where no fused op applies: oneDNN's training GEMM (:func:`train_linear`) in fp32 CPU autograd,
-    otherwise the module call itself when ``w`` / ``b`` are its own, so that what sees modules sees this one (forward
-    hooks; traced and exported graphs name it, which PT2E int8's ``keep_float`` by module name or type needs)."""
-    if w is layer.weight and b is layer.bias and not trains_on_onednn(x, w, b):
-        return layer(x)
-    return train_linear(x, w, b)
+def _calls_module(x: torch.Tensor, layer: nn.Linear, w: torch.Tensor, b: torch.Tensor | None, own: bool) -> bool:
+    """Where no fused op applies, whether the standard path is the module call ``layer(x)`` itself, so that what
+    sees modules sees this one (its forward hooks; exported graphs name it, which PT2E int8's ``keep_float`` by module
+    name or type needs): for its own weights (``own``), a plain ``nn.Linear`` forward (a subclass's own forward may
+    call these functions itself, or compute something else than on the fused path), no parametrization (its weight
+    would be computed once more), and not where fp32 CPU autograd runs oneDNN's training GEMM
+    (:func:`train_linear`). The fused and training paths call no module, so hooks do not fire there."""
+    return (own and type(layer).forward is nn.Linear.forward and not torch.nn.utils.parametrize.is_parametrized(layer)
+            and not trains_on_onednn(x, w, b))
 
 
 def linear(x: torch.Tensor, layer: nn.Linear, weight: torch.Tensor | None = None,
@@ -279,7 +281,7 @@ def linear(x: torch.Tensor, layer: nn.Linear, weight: torch.Tensor | None = None
     dtype = fused_dtype(x, w, b)
     if dtype is not None:
         return torch.ops.mkldnn._linear_pointwise(*_linear_operands(dtype, x, w, b), 'none', [], '')
-    return _standard_linear(x, layer, w, b)
+    return layer(x) if _calls_module(x, layer, w, b, weight is None) else train_linear(x, w, b)
 
 
 def linear_act(x: torch.Tensor, linear: nn.Linear, act: str) -> torch.Tensor:
@@ -288,21 +290,26 @@ def linear_act(x: torch.Tensor, linear: nn.Linear, act: str) -> torch.Tensor:
     second pass over the ``(..., N)`` result (Swin's MLP: 4C channels at every position). Only GELU is fused:
     oneDNN's ReLU post-op maps NaN to 0 (its GELU keeps NaN; tests/models/test_fusion.py), so ReLU runs as its own op
     and NaN in gives NaN out."""
-    dtype = fused_dtype(x, linear.weight, linear.bias) if act == 'gelu' else None
+    w, b = linear.weight, linear.bias
+    dtype = fused_dtype(x, w, b) if act == 'gelu' else None
     if dtype is not None:
-        return torch.ops.mkldnn._linear_pointwise(*_linear_operands(dtype, x, linear.weight, linear.bias), 'gelu',
-                                                  [], 'none')
-    return _act(_standard_linear(x, linear, linear.weight, linear.bias), act)
+        return torch.ops.mkldnn._linear_pointwise(*_linear_operands(dtype, x, w, b), 'gelu', [], 'none')
+    return _act(linear(x) if _calls_module(x, linear, w, b, True) else train_linear(x, w, b), act)
 
 
 def linear_add(x: torch.Tensor, linear: nn.Linear, residual: torch.Tensor) -> torch.Tensor:
     """``linear(x) + residual`` on ``(..., K)`` / ``(..., N)`` tensors, one oneDNN kernel when possible (the residual
     is read into the GEMM's output tile instead of a second pass over both maps). The sum keeps the promoted dtype
-    (:func:`add_residual`): under autocast the GEMM runs in bf16 and an fp32 residual stream stays fp32."""
-    dtype = fused_dtype(x, linear.weight, linear.bias)
+    (:func:`add_residual`): under autocast the GEMM runs in bf16 and an fp32 residual stream stays fp32. After a module
+    call the sum is a new tensor: the module's output may be held by its hooks (a forward hook keeping it, a full
+    backward hook's view), which an in-place add would change or autograd refuse."""
+    w, b = linear.weight, linear.bias
+    dtype = fused_dtype(x, w, b)
     if dtype is not None and not residual.requires_grad:
-        x, w, b = _linear_operands(dtype, x, linear.weight, linear.bias)
+        x, w, b = _linear_operands(dtype, x, w, b)
         if residual.dtype == dtype:
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual, w, b, 'add')
         return add_residual(torch.ops.mkldnn._linear_pointwise(x, w, b, 'none', [], ''), residual)
-    return add_residual(_standard_linear(x, linear, linear.weight, linear.bias), residual)
+    if _calls_module(x, linear, w, b, True):
+        return residual + linear(x)
+    return add_residual(train_linear(x, w, b), residual)

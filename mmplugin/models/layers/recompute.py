@@ -213,7 +213,8 @@ def window_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                          f'shape {tuple(q.shape)}')
     if recompute_applies(q, k, v, pos):
         if packed is not None:
-            if not all(t.data_ptr() == s.data_ptr() and t.stride() == s.stride() for t, s in zip((q, k, v), packed)):
+            if not all(t.data_ptr() == s.data_ptr() and t.stride() == s.stride() and t.shape == s.shape
+                       for t, s in zip((q, k, v), packed)):
                 # the function computes from ``packed`` alone: q, k, v held elsewhere would be ignored
                 raise ValueError('packed must be the tensor that q, k, v are the slices of (same memory), not a copy')
             return _WindowAttention.apply(packed, None, None, None, pos, mask, b, scale)

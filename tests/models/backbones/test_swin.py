@@ -451,4 +451,6 @@ def test_shift_mask_equals_the_official_construction(h, w, ws, shift, dtype):
     eager, traced = shift_mask(label, dtype, False), shift_mask(label, dtype, True)
     assert eager.dtype == traced.dtype == dtype and eager.shape == official.shape
     assert torch.equal(eager.float(), official) and torch.equal(traced.float(), official)
+    bits = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[dtype]
+    assert torch.equal(eager.view(bits), traced.view(bits))  # bit for bit, the sign of zero included
     assert torch.equal(WindowGeometry(h, w, ws, shift, torch.device('cpu'), dtype).mask, eager)

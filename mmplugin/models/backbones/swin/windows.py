@@ -126,13 +126,14 @@ def shift_mask(label: torch.Tensor, dtype: torch.dtype, traced: bool) -> torch.T
     fp16): 0 where two positions of a window share a shift region, ``MASK_VALUE`` across (exact in every float format).
 
     Only the windows of the last window row and column hold more than one region. Eager on a CPU, the mask is zeros
-    with just those windows computed (Swin-T's first stage at 800x1216: 72 of 1276 windows), where the whole
-    comparison cast and scaled took three passes over the 12 MB mask per stage and forward; traced, and on other
-    devices, every window is computed (no data-dependent indexing in the graph, no device sync)."""
+    (-0.0, as the product gives) with just those windows computed (Swin-T's first stage at 800x1216: 72 of 1276
+    windows), where the whole comparison cast and scaled took three passes over the 12 MB mask per stage and forward;
+    traced, and on other devices, every window is computed (no data-dependent indexing in the graph, no device sync).
+    Both give the same mask bit for bit."""
     if traced or label.device.type != 'cpu':
         return (label[:, :, None] != label[:, None, :]).to(dtype) * MASK_VALUE
     nw, n = label.shape
-    mask = torch.zeros(nw, n, n, dtype=dtype)
+    mask = torch.full((nw, n, n), -0.0, dtype=dtype)  # the sign the product below gives (0 * MASK_VALUE): bit for bit
     mixed = (label != label[:, :1]).any(1).nonzero().flatten()
     part = label[mixed]
     mask[mixed] = (part[:, :, None] != part[:, None, :]).to(dtype) * MASK_VALUE
