@@ -22,10 +22,11 @@ def contiguous_nchw(x: torch.Tensor) -> torch.Tensor:
     exported / compiled graphs, ``torch.func`` transforms, tensor subclasses, quantized tensors, other devices, more
     threads) is ``x.contiguous()``.
     """
-    if (type(x) is not torch.Tensor or x.dim() != 4 or x.device.type != 'cpu' or x.is_quantized
+    if (torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+            or torch.jit.is_tracing()  # first: graph capture sees nothing of the checks below
+            or type(x) is not torch.Tensor or x.dim() != 4 or x.device.type != 'cpu' or x.is_quantized
             or torch._C._are_functorch_transforms_active() or torch.get_num_threads() > _MAX_THREADS
-            or (torch.is_grad_enabled() and x.requires_grad) or torch.jit.is_tracing()
-            or torch.compiler.is_compiling() or torch.compiler.is_exporting() or torch.onnx.is_in_onnx_export()
+            or (torch.is_grad_enabled() and x.requires_grad)
             or x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last)
             or x.shape[1] * x.shape[2] * x.shape[3] < _MIN_BLOCKED or x.is_conj() or x.is_neg()):
         return x.contiguous()
