@@ -87,25 +87,20 @@ class EfficientAdditiveAttention(nn.Module):
         """``q (B, N, C) -> q w_g / sqrt(C)`` of shape ``(B, N, 1)``."""
         return (q @ self.w_g) * self.scale
 
-    def _linear(self, layer: nn.Linear, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        """``layer(x)`` (``+ residual``) on ``(B, N, C)`` tokens through the fused ops (a module call where none
-        applies, as in exported graphs)."""
-        return linear(x, layer) if residual is None else linear_add(x, layer, residual)
-
     def forward(self, x: torch.Tensor, out_scale: torch.Tensor | None = None) -> torch.Tensor:
         """``x (B, N, C) -> (B, N, C)``. The four linears run through :mod:`mmplugin.models.layers.fusion`: at
         inference on oneDNN (bias and the ``+ q`` residual added in the GEMM's output tile, weights prepacked where
-        frozen), in CPU fp32 training on its training GEMMs, and as ``F.linear`` in traced / exported / compiled
-        graphs."""
-        q = self.q_norm(self._linear(self.to_query, x))  # (B, N, C); two GEMMs on constant weights (exports take those)
-        k = self.k_norm(self._linear(self.to_key, x))  # (B, N, C)
+        frozen), in CPU fp32 training on its training GEMMs, and as module calls in traced / exported / compiled
+        graphs (``final`` with a layer scale: ``F.linear`` on the scaled weights)."""
+        q = self.q_norm(linear(x, self.to_query))  # (B, N, C); two GEMMs on constant weights (exports take those)
+        k = self.k_norm(linear(x, self.to_key))  # (B, N, C)
         if self.token_weighting == 'l2norm':
             a = self.token_norm(self.token_scores(q))  # (B, N, 1), normalised over the N tokens
             g = torch.bmm(a.transpose(1, 2), q)  # (B, 1, C); bmm, not @: no expand in the exported graph
         else:
             g = q.sum(dim=1, keepdim=True)
-        out = self._linear(self.proj, g * k, q)  # proj(G * k) + q
+        out = linear_add(g * k, self.proj, q)  # proj(G * k) + q
         if out_scale is None:
-            return self._linear(self.final, out)
+            return linear(out, self.final)
         s = out_scale.reshape(-1)
         return linear(out, self.final, self.final.weight * s[:, None], self.final.bias * s)
