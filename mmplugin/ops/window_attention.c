@@ -1,5 +1,6 @@
-/* Window attention for inference: softmax(scale * q k^T + bias) v for every (window, head), with the position bias
- * and the shift mask added in fp32, in one pass per window and head: the scores never leave the thread's cache.
+/* Window attention: softmax(scale * q k^T + bias) v for every (window, head), with the position bias and the shift
+ * mask added in fp32, in one pass per window and head: the scores never leave the thread's cache. Its fp32 gradient,
+ * for training, is window_attention_grad.h (included at the end).
  *
  * Why: Swin's attention runs over windows of N = ws * ws tokens (49 for 7x7), thousands of them per image. PyTorch's
  * CPU SDPA kernel tiles for long sequences, so on these short ones it reaches a small fraction of the CPU's
@@ -384,3 +385,5 @@ static inline void pack_token_bf16dot(const uint16_t *qr, const uint16_t *kr, co
 #undef LOAD
 #undef STORE
 #undef IS_BF16
+
+#include "window_attention_grad.h"

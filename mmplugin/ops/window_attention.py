@@ -7,7 +7,11 @@ products are 3% of the model's multiply-adds; the explicit batched products move
 through memory three times. The kernel packs each window's heads once, keeps a few query rows' scores in vector
 registers and the softmax in cache, and adds the position bias and the shift mask in fp32.
 
-Scope: inference only (no autograd: the training paths keep SDPA or the explicit products), fp32 and bf16 queries
+Training (fp32): :func:`window_attention_grad` is the backward, recomputing the probabilities per window in cache
+and writing the gradient in the fused projection's layout; :mod:`mmplugin.models.layers.recompute` pairs it with
+:func:`window_attention` as the forward of an autograd function.
+
+Scope of :func:`window_attention`: no autograd of its own, fp32 and bf16 queries
 (bf16 is computed in fp32 and rounded once on the store; on CPUs with AVX512-BF16 the products take the bf16
 operands two per lane, the probabilities rounded to bf16 for their product with v, as a bf16 matmul would), no
 dropout, not while tracing, exporting or compiling (the graphs keep SDPA, which the exporters and inductor know).
@@ -25,7 +29,7 @@ import torch
 from mmplugin.ops.build import kernel_library
 from mmplugin.ops.eligible import eager_context, plain_cpu
 
-__all__ = ['available', 'window_attention', 'map_window_attention', 'fast_kernel_applies']
+__all__ = ['available', 'window_attention', 'map_window_attention', 'fast_kernel_applies', 'window_attention_grad']
 
 _SUFFIX = {torch.float32: 'f32', torch.bfloat16: 'bf16'}
 _ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 9 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [
@@ -33,9 +37,14 @@ _ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 9 + [ctypes.c_void_p] * 3 + [
     ctypes.c_int64]
 
 
+_GRAD_ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p,
+                                                               ctypes.c_int]
+
+
 def _kernels() -> ctypes.CDLL | None:
     """The library for the current ISA, or None where it cannot be built (warned once per ISA, not retried)."""
-    return kernel_library('window_attention', {f'mmplugin_window_attention_{s}': _ARGS for s in _SUFFIX.values()},
+    return kernel_library('window_attention', {**{f'mmplugin_window_attention_{s}': _ARGS for s in _SUFFIX.values()},
+                                               'mmplugin_window_attention_grad_f32': _GRAD_ARGS},
                           'Swin window attention runs in PyTorch SDPA')
 
 
@@ -174,3 +183,41 @@ def _run(q, k, v, pos, mask, scale, cosine, out, windows: int, nw: int, rows=Non
     if failed:
         raise MemoryError('window attention: out of memory for the scratch buffers')
     return out
+
+
+def window_attention_grad(qkv: torch.Tensor, grad: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
+                          heads: int, scale: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The gradients of ``out = softmax(scale * q k^T + pos + mask) v`` (heads merged, as :func:`window_attention`
+    returns it) with respect to the fused projection and the position bias, recomputing the probabilities in the
+    kernel (``window_attention_grad.h``), or None where the kernel is not built. fp32 only.
+
+    Args:
+        qkv: ``(B*nW, N, 3C)`` contiguous fp32, each token's q, k, v with the heads side by side (``C = heads * d``).
+        grad: ``(B*nW, N, C)``, the gradient of the output.
+        pos: the ``(heads, N, N)`` position bias (any leading ones). mask: the ``(nW, N, N)`` shift mask or None.
+
+    Returns ``(dqkv, dpos)``: ``(B*nW, N, 3C)`` and the ``(heads, N, N)`` sum over the windows, fp32.
+    """
+    lib = _kernels()
+    if lib is None:
+        return None
+    bw, n, c3 = qkv.shape
+    if qkv.dtype != torch.float32 or not qkv.is_contiguous() or c3 % (3 * heads) or grad.shape != (bw, n, c3 // 3):
+        raise ValueError(f'window attention gradient: qkv must be a contiguous fp32 (windows, N, 3C) tensor and grad '
+                         f'its (windows, N, C) output gradient; got {tuple(qkv.shape)} {qkv.dtype} and '
+                         f'{tuple(grad.shape)}')
+    nw = 1 if mask is None else mask.shape[0]
+    if mask is not None and (mask.shape[1:] != (n, n) or bw % nw):
+        raise ValueError(f'window attention gradient: mask of shape {tuple(mask.shape)} for {bw} windows of {n} tokens')
+    grad = grad.float().contiguous()
+    pos = pos.detach().reshape(heads, n, n).float().contiguous()
+    mask = None if mask is None else mask.detach().float().contiguous()
+    dqkv = torch.empty_like(qkv)
+    dpos = torch.zeros(heads, n, n)
+    with torch.profiler.record_function('mmplugin::window_attention_grad'):
+        failed = lib.mmplugin_window_attention_grad_f32(qkv.data_ptr(), grad.data_ptr(), pos.data_ptr(), _ptr(mask), bw,
+                                                        nw, heads, n, c3 // (3 * heads), float(scale),
+                                                        dqkv.data_ptr(), dpos.data_ptr(), torch.get_num_threads())
+    if failed:
+        raise MemoryError('window attention gradient: out of memory for the scratch buffers')
+    return dqkv, dpos

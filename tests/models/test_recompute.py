@@ -63,9 +63,12 @@ def test_window_attention_gradients(shifted, packed):
     assert torch.autograd.gradcheck(attend, (qkv, pos))
 
 
-def test_packed_window_attention_gives_the_separate_gradients_bit_for_bit():
+def test_packed_window_attention_gives_the_separate_gradients_bit_for_bit(monkeypatch):
     """Handing the (3, B*nW, heads, N, d) projection view over as one tensor changes where the backward writes the
-    three gradients, not their values: fp32 gradients of the projection and the bias equal the separate form's."""
+    three gradients, not their values: fp32 gradients of the projection and the bias equal the separate form's (both
+    as batched products; the fp32 C kernel, which a packed projection otherwise takes, is tested in
+    tests/engine/test_window_attention_grad.py)."""
+    monkeypatch.setattr(recompute, '_kernel_applies', lambda *a: False)
     b, nw, heads, n, d = 2, 4, 3, 49, 32
     pos, mask = torch.randn(1, heads, n, n, requires_grad=True), torch.randn(nw, n, n)
     g = torch.randn(b * nw, heads, n, d)
@@ -229,8 +232,10 @@ def test_frozen_and_traced_blocks_keep_the_inference_path(monkeypatch):
     """A grad-enabled forward of a frozen Swin (``requires_grad_(False)``, as ``frozen_stages`` does) and a traced
     training forward build no recomputing node, so the fused inference kernels and traced graphs are unchanged."""
     seen = []
-    for cls in (recompute._WindowAttention, recompute._GeluLinear, recompute._LayerNormLinear):
-        monkeypatch.setattr(cls, 'forward', staticmethod(lambda *a, _c=cls, _f=cls.forward: seen.append(_c) or _f(*a)))
+    attention = (recompute._WindowAttention, recompute._KernelWindowAttention)
+    for cls in (*attention, recompute._GeluLinear, recompute._LayerNormLinear):
+        monkeypatch.setattr(cls, 'forward', staticmethod(
+            lambda *a, _c=cls, _f=cls.forward: seen.append(attention[0] if _c in attention else _c) or _f(*a)))
     model = SwinTransformer(SMALL, drop_path_rate=0.0).eval().requires_grad_(False)
     x = torch.randn(1, 3, 64, 64)
     with torch.no_grad():
@@ -247,7 +252,9 @@ def test_frozen_and_traced_blocks_keep_the_inference_path(monkeypatch):
 def test_swin_training_hands_the_projection_over_packed(v2, monkeypatch):
     """Swin V1's training attention gives the recomputing function the (3, B*nW, heads, N, d) projection view whole
     (one gradient tensor, no stack of three); V2's cosine attention normalises q and k first, so it hands over the
-    three tensors it attends."""
+    three tensors it attends. (Checked on the batched products: where the fp32 kernels apply, only a packed
+    projection reaches them.)"""
+    monkeypatch.setattr(recompute, '_kernel_applies', lambda *a: False)
     packed = []
     fwd = recompute._WindowAttention.forward
     monkeypatch.setattr(recompute._WindowAttention, 'forward',

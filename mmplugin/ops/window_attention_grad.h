@@ -1,0 +1,169 @@
+/* The gradient of window attention for CPU training, fp32: for every (window, head), with S = scale * q k^T + pos +
+ * mask and P = softmax(S) recomputed from q, k, v (nothing but the inputs is kept from the forward),
+ *   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = scale * dS K,  dK = scale * dS^T Q,
+ *   dpos += dS (summed over the windows and images; the mask takes no gradient).
+ * Included by window_attention.c (its vector helpers and block sizes).
+ *
+ * Why: the batched products of the reference backward write and read the (windows, heads, N, N) probabilities and
+ * their gradient through memory five times, the q, k, v operands are copied head-major for them and the three
+ * gradients copied back into the projection's layout; here one window's heads are packed once into the thread's
+ * cache and their five products, the softmax and its gradient run there, and the gradients are written straight into
+ * the qkv projection's layout.
+ *
+ * Layouts (contiguous fp32): qkv and dqkv are (windows, N, 3, heads, d), the fused projection's output and its
+ * gradient (q, k, v of token i, head h at columns h * d, C + h * d, 2C + h * d of row i, C = heads * d); g, the
+ * output's gradient, is (windows, N, heads * d); pos (heads, N, N); mask (nw, N, N) or NULL, window w using
+ * mask[w % nw]; dpos (heads, N, N) receives the sum over all windows (added to what it holds).
+ * Non-finite values: as the formulation's backward in IEEE arithmetic (a NaN or infinite score makes its row's
+ * probabilities NaN, and the NaN reaches that row's and the window's gradients through the products).
+ * Returns 0, or 1 when a thread's scratch buffer cannot be allocated. */
+int mmplugin_window_attention_grad_f32(const float *qkv, const float *g, const float *pos, const float *mask,
+                                       int64_t windows, int64_t nw, int64_t heads, int64_t n, int64_t d, float scale,
+                                       float *dqkv, float *dpos, int threads) {
+    const int64_t np = round_up(n, KV * VW), dp = round_up(d, DV * VW), nq = round_up(n, ROWS);
+    const int64_t c = heads * d, row = 3 * c;
+    /* per thread: qs, go (nq, dp); kr (np, dp) keys by row; kt, vt (dp, np) keys and values transposed; p, ds (nq,
+     * np) probabilities and score gradients; acc (heads, n, n) the thread's position-bias gradient; out (dp) a row */
+    const int64_t floats = 2 * nq * dp + np * dp + 2 * dp * np + 2 * nq * np + heads * n * n + dp;
+    int failed = 0;
+#pragma omp parallel num_threads(windows < threads ? (int)(windows > 0 ? windows : 1) : threads)
+    {
+    float *buf = (float *)calloc((size_t)floats, sizeof(float)); /* padding rows and columns stay zero */
+    if (buf == NULL) {
+#pragma omp atomic write
+        failed = 1;
+    }
+    float *qs = buf, *go = qs + nq * dp, *kr = go + nq * dp, *kt = kr + np * dp, *vt = kt + dp * np;
+    float *p = vt + dp * np, *ds = p + nq * np, *acc = ds + nq * np, *tmp = acc + heads * n * n;
+#pragma omp for schedule(static)
+    for (int64_t w = 0; w < windows; w++) {
+        if (buf == NULL) continue;
+        const float *mw = mask == NULL ? NULL : mask + (w % nw) * n * n;
+        for (int64_t h = 0; h < heads; h++) {
+            for (int64_t i = 0; i < n; i++) { /* the head's operands into the cache-resident layouts */
+                const float *src = qkv + (w * n + i) * row + h * d, *gi = g + (w * n + i) * c + h * d;
+                for (int64_t e = 0; e < d; e++) {
+                    qs[i * dp + e] = src[e] * scale;
+                    kr[i * dp + e] = src[c + e];
+                    kt[e * np + i] = src[c + e];
+                    vt[e * np + i] = src[2 * c + e];
+                    go[i * dp + e] = gi[e];
+                }
+            }
+            const float *ph = pos + h * n * n;
+            /* S = qs k^T + pos + mask into p (ROWS rows at a time), then the rows' softmax in place */
+            for (int64_t i0 = 0; i0 < n; i0 += ROWS) {
+                const int rows = n - i0 < ROWS ? (int)(n - i0) : ROWS;
+                for (int64_t c0 = 0; c0 < np; c0 += KV * VW) {
+                    vf s[ROWS][KV], t[ROWS][KV];
+                    for (int r = 0; r < ROWS; r++)
+                        for (int j = 0; j < KV; j++) s[r][j] = t[r][j] = splat(0.0f);
+                    for (int64_t e = 0; e < d; e++) {
+                        vf kv[KV];
+                        for (int j = 0; j < KV; j++) memcpy(&kv[j], kt + e * np + c0 + j * VW, sizeof(vf));
+                        for (int r = 0; r < ROWS; r++) {
+                            const vf qv = splat(qs[(i0 + r) * dp + e]);
+                            for (int j = 0; j < KV; j++) s[r][j] += qv * kv[j];
+                        }
+                    }
+                    /* dP = dO V^T for the same block, into ds */
+                    for (int64_t e = 0; e < d; e++) {
+                        vf vv[KV];
+                        for (int j = 0; j < KV; j++) memcpy(&vv[j], vt + e * np + c0 + j * VW, sizeof(vf));
+                        for (int r = 0; r < ROWS; r++) {
+                            const vf gv = splat(go[(i0 + r) * dp + e]);
+                            for (int j = 0; j < KV; j++) t[r][j] += gv * vv[j];
+                        }
+                    }
+                    for (int r = 0; r < rows; r++)
+                        for (int j = 0; j < KV; j++) {
+                            memcpy(p + (i0 + r) * np + c0 + j * VW, &s[r][j], sizeof(vf));
+                            memcpy(ds + (i0 + r) * np + c0 + j * VW, &t[r][j], sizeof(vf));
+                        }
+                }
+            }
+            for (int64_t i = 0; i < n; i++) {
+                float *restrict pi = p + i * np, *restrict di = ds + i * np;
+                const float *restrict pr = ph + i * n, *restrict mr = mw == NULL ? NULL : mw + i * n;
+                for (int64_t j = 0; j < n; j++) pi[j] += mr == NULL ? pr[j] : pr[j] + mr[j];
+                for (int64_t j = n; j < np; j++) pi[j] = -__builtin_inff();
+                vf mx = splat(-__builtin_inff());
+                for (int64_t j = 0; j < np; j += VW) {
+                    vf x;
+                    memcpy(&x, pi + j, sizeof(vf));
+                    mx = vmax(mx, x);
+                }
+                const vf m = splat(hmax(mx));
+                vf sum = splat(0.0f);
+                for (int64_t j = 0; j < np; j += VW) {
+                    vf x;
+                    memcpy(&x, pi + j, sizeof(vf));
+                    x = vexp(x - m);
+                    sum += x;
+                    memcpy(pi + j, &x, sizeof(vf));
+                }
+                const vf inv = splat(1.0f / hsum(sum));
+                vf dot = splat(0.0f);
+                for (int64_t j = 0; j < np; j += VW) {
+                    vf x, y;
+                    memcpy(&x, pi + j, sizeof(vf));
+                    memcpy(&y, di + j, sizeof(vf));
+                    x = x * inv;
+                    dot += x * y;
+                    memcpy(pi + j, &x, sizeof(vf));
+                }
+                const vf dd = splat(hsum(dot));
+                float *restrict ai = acc + (h * n + i) * n;
+                for (int64_t j = 0; j < np; j += VW) {
+                    vf x, y;
+                    memcpy(&x, pi + j, sizeof(vf));
+                    memcpy(&y, di + j, sizeof(vf));
+                    y = x * (y - dd);
+                    memcpy(di + j, &y, sizeof(vf));
+                }
+                for (int64_t j = 0; j < n; j++) ai[j] += di[j];
+            }
+            /* dV = P^T dO, dK = scale * dS^T Q (qs carries the scale), dQ = scale * dS K: ROWS output rows and DV * VW
+             * dims at a time, written to the projection's layout */
+            for (int part = 0; part < 3; part++) {
+                const float *coef = part == 2 ? ds : (part == 0 ? p : ds); /* indexed [t][j] (transposed) or [j][t] */
+                const float *opnd = part == 0 ? go : (part == 1 ? qs : kr);
+                const int transposed = part < 2;
+                const float mult = part == 2 ? scale : 1.0f;
+                float *dst = dqkv + (part == 0 ? 2 * c : (part == 1 ? c : 0)) + h * d;
+                for (int64_t j0 = 0; j0 < n; j0 += ROWS) {
+                    const int rows = n - j0 < ROWS ? (int)(n - j0) : ROWS;
+                    for (int64_t c0 = 0; c0 < dp; c0 += DV * VW) {
+                        vf a[ROWS][DV];
+                        for (int r = 0; r < ROWS; r++)
+                            for (int j = 0; j < DV; j++) a[r][j] = splat(0.0f);
+                        for (int64_t t = 0; t < n; t++) {
+                            vf ov[DV];
+                            for (int j = 0; j < DV; j++) memcpy(&ov[j], opnd + t * dp + c0 + j * VW, sizeof(vf));
+                            for (int r = 0; r < ROWS; r++) {
+                                const vf cv = splat(transposed ? coef[t * np + j0 + r] : coef[(j0 + r) * np + t]);
+                                for (int j = 0; j < DV; j++) a[r][j] += cv * ov[j];
+                            }
+                        }
+                        for (int r = 0; r < rows; r++) {
+                            for (int j = 0; j < DV; j++) {
+                                const vf o = a[r][j] * splat(mult);
+                                memcpy(tmp + j * VW, &o, sizeof(vf));
+                            }
+                            const int64_t width = d - c0 < DV * VW ? d - c0 : DV * VW;
+                            if (width > 0)
+                                memcpy(dst + (w * n + j0 + r) * row + c0, tmp, (size_t)width * sizeof(float));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if (buf != NULL) {
+#pragma omp critical
+        for (int64_t e = 0; e < heads * n * n; e++) dpos[e] += acc[e];
+    }
+    free(buf);
+    }
+    return failed;
+}
