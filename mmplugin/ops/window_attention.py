@@ -29,7 +29,8 @@ import torch
 from mmplugin.ops.build import kernel_library
 from mmplugin.ops.eligible import eager_context, plain_cpu
 
-__all__ = ['available', 'window_attention', 'map_window_attention', 'fast_kernel_applies', 'window_attention_grad']
+__all__ = ['available', 'window_attention', 'map_window_attention', 'fast_kernel_applies', 'window_attention_grad',
+           'map_window_attention_grad']
 
 _SUFFIX = {torch.float32: 'f32', torch.bfloat16: 'bf16'}
 _ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 9 + [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [
@@ -37,8 +38,8 @@ _ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 9 + [ctypes.c_void_p] * 3 + [
     ctypes.c_int64]
 
 
-_GRAD_ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p,
-                                                               ctypes.c_int]
+_GRAD_ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_float] + [ctypes.c_void_p] * 4 + [
+    ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
 
 
 def _kernels() -> ctypes.CDLL | None:
@@ -198,26 +199,58 @@ def window_attention_grad(qkv: torch.Tensor, grad: torch.Tensor, pos: torch.Tens
 
     Returns ``(dqkv, dpos)``: ``(B*nW, N, 3C)`` and the ``(heads, N, N)`` sum over the windows, fp32.
     """
+    bw, n, c3 = qkv.shape
+    out = _grad(qkv, grad, pos, mask, heads, scale, bw, n, None, None)
+    return None if out is None else out[:2]
+
+
+def map_window_attention_grad(qkv: torch.Tensor, grad: torch.Tensor, pad: torch.Tensor, rows: torch.Tensor,
+                              heads: int, pos: torch.Tensor, mask: torch.Tensor | None,
+                              scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """:func:`window_attention_grad` for :func:`map_window_attention`'s layout: the windows read from the map's
+    projection through ``rows``, the gradient written to the map's rows (each once) and the padding tokens' summed
+    into ``pad``'s, in place of the gathers of the window partition and its reverse and their adjoints.
+
+    Args:
+        qkv: ``(B, L, 3C)`` contiguous fp32, the projection of the map's ``L`` tokens. grad: ``(B, L, C)``.
+        pad: ``(3C,)`` the projection of a zero token. rows: ``(nW, N)`` int64 as :func:`map_window_attention`'s.
+        heads, pos, mask, scale: as :func:`window_attention_grad`.
+
+    Returns ``(dqkv, dpos, dpad)``: ``(B, L, 3C)``, ``(heads, N, N)`` and ``(3C,)``, fp32; None where the kernel is
+    not built.
+    """
+    if rows.dtype != torch.int64 or rows.dim() != 2 or not rows.is_contiguous() or pad.shape != qkv.shape[-1:]:
+        raise ValueError('map window attention gradient: rows must be a contiguous int64 (nW, N) tensor and pad the '
+                         '(3C,) projection of a zero token')
+    _check_rows(rows, qkv.shape[1])
+    return _grad(qkv, grad, pos, mask, heads, scale, qkv.shape[0] * rows.shape[0], rows.shape[1], rows,
+                 pad.detach().float().contiguous())
+
+
+def _grad(qkv, grad, pos, mask, heads, scale, windows, n, rows, pad):
+    """The gradient kernel's call shared by both layouts: checks, the call, its error."""
     lib = _kernels()
     if lib is None:
         return None
-    bw, n, c3 = qkv.shape
-    if qkv.dtype != torch.float32 or not qkv.is_contiguous() or c3 % (3 * heads) or grad.shape != (bw, n, c3 // 3):
-        raise ValueError(f'window attention gradient: qkv must be a contiguous fp32 (windows, N, 3C) tensor and grad '
-                         f'its (windows, N, C) output gradient; got {tuple(qkv.shape)} {qkv.dtype} and '
-                         f'{tuple(grad.shape)}')
-    nw = 1 if mask is None else mask.shape[0]
-    if mask is not None and (mask.shape[1:] != (n, n) or bw % nw):
-        raise ValueError(f'window attention gradient: mask of shape {tuple(mask.shape)} for {bw} windows of {n} tokens')
+    c3 = qkv.shape[-1]
+    if (qkv.dtype != torch.float32 or qkv.dim() != 3 or not qkv.is_contiguous() or c3 % (3 * heads)
+            or grad.shape != (*qkv.shape[:2], c3 // 3)):
+        raise ValueError(f'window attention gradient: qkv must be a contiguous fp32 3-d tensor of 3C channels and grad '
+                         f'its output gradient of C; got {tuple(qkv.shape)} {qkv.dtype} and {tuple(grad.shape)}')
+    nw = rows.shape[0] if rows is not None else 1 if mask is None else mask.shape[0]  # the windows of an image
+    if mask is not None and (mask.shape != (nw, n, n) or windows % nw):
+        raise ValueError(f'window attention gradient: mask of shape {tuple(mask.shape)} for {windows} windows of {n} '
+                         'tokens')
     grad = grad.float().contiguous()
     pos = pos.detach().reshape(heads, n, n).float().contiguous()
     mask = None if mask is None else mask.detach().float().contiguous()
     dqkv = torch.empty_like(qkv)
-    dpos = torch.zeros(heads, n, n)
+    dpos, dpad = torch.zeros(heads, n, n), torch.zeros(c3)
     with torch.profiler.record_function('mmplugin::window_attention_grad'):
-        failed = lib.mmplugin_window_attention_grad_f32(qkv.data_ptr(), grad.data_ptr(), pos.data_ptr(), _ptr(mask), bw,
-                                                        nw, heads, n, c3 // (3 * heads), float(scale),
-                                                        dqkv.data_ptr(), dpos.data_ptr(), torch.get_num_threads())
+        failed = lib.mmplugin_window_attention_grad_f32(
+            qkv.data_ptr(), grad.data_ptr(), pos.data_ptr(), _ptr(mask), windows, nw, heads, n, c3 // (3 * heads),
+            float(scale), dqkv.data_ptr(), dpos.data_ptr(), _ptr(rows), _ptr(pad), qkv.shape[1] if rows is not None
+            else 0, dpad.data_ptr(), torch.get_num_threads())
     if failed:
         raise MemoryError('window attention gradient: out of memory for the scratch buffers')
-    return dqkv, dpos
+    return dqkv, dpos, dpad

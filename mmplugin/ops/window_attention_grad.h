@@ -14,17 +14,31 @@
  * gradient (q, k, v of token i, head h at columns h * d, C + h * d, 2C + h * d of row i, C = heads * d); g, the
  * output's gradient, is (windows, N, heads * d); pos (heads, N, N); mask (nw, N, N) or NULL, window w using
  * mask[w % nw]; dpos (heads, N, N) receives the sum over all windows (added to what it holds).
+ * Gathered from the map (rows != NULL, as the forward's map layout): qkv, dqkv are (images * img_rows, 3C) and g
+ * (images * img_rows, C), the rows of the unwindowed map; rows (nw, N) gives each window token's row within its image
+ * (-1 for a padding token, whose q, k, v are pad's, 3C floats, and whose output takes no gradient: the padding is
+ * cropped); every map row appears once, so each dqkv row is written once; dpad (3C) receives the padding tokens'
+ * gradient summed (added to what it holds).
  * Non-finite values: as the formulation's backward in IEEE arithmetic (a NaN or infinite score makes its row's
  * probabilities NaN, and the NaN reaches that row's and the window's gradients through the products).
  * Returns 0, or 1 when a thread's scratch buffer cannot be allocated. */
+/* Token i of window w: its row in qkv / g / dqkv (the window layout's own row, or the map row through rows), or -1
+ * for a padding token of the map layout. */
+static inline int64_t token_row(const int64_t *rows, int64_t w, int64_t i, int64_t nw, int64_t n, int64_t img_rows) {
+    if (rows == NULL) return w * n + i;
+    const int64_t r = rows[(w % nw) * n + i];
+    return r < 0 ? -1 : (w / nw) * img_rows + r;
+}
+
 int mmplugin_window_attention_grad_f32(const float *qkv, const float *g, const float *pos, const float *mask,
                                        int64_t windows, int64_t nw, int64_t heads, int64_t n, int64_t d, float scale,
-                                       float *dqkv, float *dpos, int threads) {
+                                       float *dqkv, float *dpos, const int64_t *rows, const float *pad,
+                                       int64_t img_rows, float *dpad, int threads) {
     const int64_t np = round_up(n, KV * VW), dp = round_up(d, DV * VW), nq = round_up(n, ROWS);
     const int64_t c = heads * d, row = 3 * c;
     /* per thread: qs, go (nq, dp); kr (np, dp) keys by row; kt, vt (dp, np) keys and values transposed; p, ds (nq,
      * np) probabilities and score gradients; acc (heads, n, n) the thread's position-bias gradient; out (dp) a row */
-    const int64_t floats = 2 * nq * dp + np * dp + 2 * dp * np + 2 * nq * np + heads * n * n + dp;
+    const int64_t floats = 2 * nq * dp + np * dp + 2 * dp * np + 2 * nq * np + heads * n * n + dp + row;
     int failed = 0;
 #pragma omp parallel num_threads(windows < threads ? (int)(windows > 0 ? windows : 1) : threads)
     {
@@ -34,26 +48,27 @@ int mmplugin_window_attention_grad_f32(const float *qkv, const float *g, const f
         failed = 1;
     }
     float *qs = buf, *go = qs + nq * dp, *kr = go + nq * dp, *kt = kr + np * dp, *vt = kt + dp * np;
-    float *p = vt + dp * np, *ds = p + nq * np, *acc = ds + nq * np, *tmp = acc + heads * n * n;
+    float *p = vt + dp * np, *ds = p + nq * np, *acc = ds + nq * np, *tmp = acc + heads * n * n, *accpad = tmp + dp;
 #pragma omp for schedule(static)
     for (int64_t w = 0; w < windows; w++) {
         if (buf == NULL) continue;
         const float *mw = mask == NULL ? NULL : mask + (w % nw) * n * n;
         for (int64_t h = 0; h < heads; h++) {
             for (int64_t i = 0; i < n; i++) { /* the head's operands into the cache-resident layouts */
-                const float *src = qkv + (w * n + i) * row + h * d, *gi = g + (w * n + i) * c + h * d;
+                const int64_t t = token_row(rows, w, i, nw, n, img_rows);
+                const float *src = (t < 0 ? pad : qkv + t * row) + h * d, *gi = t < 0 ? NULL : g + t * c + h * d;
                 for (int64_t e = 0; e < d; e++) {
                     qs[i * dp + e] = src[e] * scale;
                     kr[i * dp + e] = src[c + e];
                     kt[e * np + i] = src[c + e];
                     vt[e * np + i] = src[2 * c + e];
-                    go[i * dp + e] = gi[e];
+                    go[i * dp + e] = gi == NULL ? 0.0f : gi[e];
                 }
             }
             const float *ph = pos + h * n * n;
             /* S = qs k^T + pos + mask into p (ROWS rows at a time), then the rows' softmax in place */
             for (int64_t i0 = 0; i0 < n; i0 += ROWS) {
-                const int rows = n - i0 < ROWS ? (int)(n - i0) : ROWS;
+                const int nr = n - i0 < ROWS ? (int)(n - i0) : ROWS;
                 for (int64_t c0 = 0; c0 < np; c0 += KV * VW) {
                     vf s[ROWS][KV], t[ROWS][KV];
                     for (int r = 0; r < ROWS; r++)
@@ -75,7 +90,7 @@ int mmplugin_window_attention_grad_f32(const float *qkv, const float *g, const f
                             for (int j = 0; j < KV; j++) t[r][j] += gv * vv[j];
                         }
                     }
-                    for (int r = 0; r < rows; r++)
+                    for (int r = 0; r < nr; r++)
                         for (int j = 0; j < KV; j++) {
                             memcpy(p + (i0 + r) * np + c0 + j * VW, &s[r][j], sizeof(vf));
                             memcpy(ds + (i0 + r) * np + c0 + j * VW, &t[r][j], sizeof(vf));
@@ -132,7 +147,7 @@ int mmplugin_window_attention_grad_f32(const float *qkv, const float *g, const f
                 const float mult = part == 2 ? scale : 1.0f;
                 float *dst = dqkv + (part == 0 ? 2 * c : (part == 1 ? c : 0)) + h * d;
                 for (int64_t j0 = 0; j0 < n; j0 += ROWS) {
-                    const int rows = n - j0 < ROWS ? (int)(n - j0) : ROWS;
+                    const int nr = n - j0 < ROWS ? (int)(n - j0) : ROWS;
                     for (int64_t c0 = 0; c0 < dp; c0 += DV * VW) {
                         vf a[ROWS][DV];
                         for (int r = 0; r < ROWS; r++)
@@ -145,14 +160,17 @@ int mmplugin_window_attention_grad_f32(const float *qkv, const float *g, const f
                                 for (int j = 0; j < DV; j++) a[r][j] += cv * ov[j];
                             }
                         }
-                        for (int r = 0; r < rows; r++) {
+                        for (int r = 0; r < nr; r++) {
                             for (int j = 0; j < DV; j++) {
                                 const vf o = a[r][j] * splat(mult);
                                 memcpy(tmp + j * VW, &o, sizeof(vf));
                             }
                             const int64_t width = d - c0 < DV * VW ? d - c0 : DV * VW;
-                            if (width > 0)
-                                memcpy(dst + (w * n + j0 + r) * row + c0, tmp, (size_t)width * sizeof(float));
+                            const int64_t t = token_row(rows, w, j0 + r, nw, n, img_rows);
+                            if (t >= 0 && width > 0)
+                                memcpy(dst + t * row + c0, tmp, (size_t)width * sizeof(float));
+                            else /* a padding token: its gradient adds to pad's */
+                                for (int64_t e = 0; e < width; e++) accpad[(dst - dqkv) + c0 + e] += tmp[e];
                         }
                     }
                 }
@@ -161,7 +179,10 @@ int mmplugin_window_attention_grad_f32(const float *qkv, const float *g, const f
     }
     if (buf != NULL) {
 #pragma omp critical
-        for (int64_t e = 0; e < heads * n * n; e++) dpos[e] += acc[e];
+        {
+            for (int64_t e = 0; e < heads * n * n; e++) dpos[e] += acc[e];
+            for (int64_t e = 0; rows != NULL && e < row; e++) dpad[e] += accpad[e];
+        }
     }
     free(buf);
     }

@@ -92,7 +92,7 @@ def test_every_isa_build_computes_the_same_gradient(isa):
     qkv, pos, mask, grad = _inputs(bw, heads, n, d, nw, seed=3)
     dqkv, dpos = torch.empty_like(qkv), torch.zeros(heads, n, n)
     assert fn(qkv.data_ptr(), grad.data_ptr(), pos.data_ptr(), mask.data_ptr(), bw, nw, heads, n, d, d**-0.5,
-              dqkv.data_ptr(), dpos.data_ptr(), 2) == 0
+              dqkv.data_ptr(), dpos.data_ptr(), None, None, 0, None, 2) == 0
     want_qkv, want_pos = reference_grads(qkv, pos, mask, grad, heads, d**-0.5)
     assert rel_err(dqkv.double(), want_qkv) <= _bound(n, d) and rel_err(dpos.double(), want_pos) <= _bound(n, d)
 
@@ -133,6 +133,38 @@ def test_threads_change_only_the_bias_gradients_summation(kernel):
     assert torch.equal(outs[0][0], outs[1][0]) and rel_err(outs[0][1], outs[1][1]) <= _bound(49, 32)
 
 
+@pytest.mark.parametrize('hw, shift', [((10, 13), 3), ((14, 7), 0), ((7, 7), 3)])
+def test_map_layout_gradient_equals_partition_and_reverse(hw, shift, kernel):
+    """The map layout's gradient (windows read from the map's projection through Swin's rows, padding tokens from a
+    zero token's projection, gradients written back to the map rows and the padding's summed into ``pad``) equals
+    float64 autograd through Swin's own partition, formulation and reverse: a 10x13 map in 7x7 windows shifted by 3
+    (padded to 14x14), an unpadded 14x7 one, and a map of one window, two images."""
+    from mmplugin.models.backbones.swin.windows import WindowGeometry
+    (h, w), heads, d, b = hw, 2, 16, 2
+    geom = WindowGeometry(h, w, 7, shift, torch.device('cpu'))
+    rows, mask, n = geom.map_rows(), geom.mask, 49
+    g = torch.Generator().manual_seed(11)
+    qkv, pad = torch.randn(b, h * w, 3 * heads * d, generator=g), torch.randn(3 * heads * d, generator=g)
+    pos, grad = torch.randn(heads, n, n, generator=g), torch.randn(b, h * w, heads * d, generator=g)
+    with torch.no_grad():
+        out = wa.map_window_attention(qkv, pad, rows, heads, pos, mask, d**-0.5)
+    dqkv, dpos, dpad = wa.map_window_attention_grad(qkv, out.new_tensor(grad), pad, rows, heads, pos, mask,
+                                                    d**-0.5)
+    qkv64, pad64, pos64 = (t.double().requires_grad_() for t in (qkv, pad, pos))
+    src = torch.where(rows < 0, h * w, rows).flatten()  # the padding reads row h * w: pad
+    win = torch.cat((qkv64, pad64.expand(b, 1, -1)), 1)[:, src].reshape(-1, n, 3 * heads * d)
+    q, k, v = win.view(-1, n, 3, heads, d).permute(2, 0, 3, 1, 4).unbind(0)
+    s = d**-0.5 * q @ k.transpose(-2, -1) + pos64
+    if mask is not None:
+        s = (s.view(b, -1, heads, n, n) + mask.double()[None, :, None]).view(-1, heads, n, n)
+    o = (s.softmax(-1) @ v).transpose(1, 2).reshape(b, -1, heads * d)
+    merged = torch.zeros(b, h * w + 1, heads * d, dtype=torch.float64).index_add(1, src, o)[:, :h * w]
+    want = torch.autograd.grad(merged, (qkv64, pad64, pos64), grad.double())
+    assert rel_err(out.double(), merged) <= _bound(n, d)
+    for got, ref in zip((dqkv, dpad, dpos), want):
+        assert got.shape == ref.shape and rel_err(got.double(), ref) <= _bound(n, d)
+
+
 def test_bad_layouts_are_errors(kernel):
     qkv, pos, mask, grad = _inputs(4, 2, 49, 32, 2)
     with pytest.raises(ValueError, match='contiguous fp32'):
@@ -165,15 +197,15 @@ def test_fp32_training_attention_is_the_kernel_and_first_order_only(kernel):
 
 
 def test_swin_fp32_training_gradients_equal_the_official_formulation(kernel, monkeypatch):
-    """A padded, shifted Swin in fp32 training with the kernels in every block: every parameter's gradient equals
+    """A padded, shifted Swin in fp32 training with the kernels in every block (on the map's layout): every
+    parameter's gradient equals
     the official formulation's in float64 within fp32's worst-case bound. The probabilistic bound does not apply
     here: the bias and norm gradients sum over every token of the batch (up to 12,780 terms at stage 1), beyond its
     4096-term premise, and fp32 training gradients through the batched products miss it too (up to 7e-4 on these
     weights). A wiring fault (mask, scale, layout, the bias gradient) is off by order one."""
     calls = []
-    fwd = recompute._KernelWindowAttention.forward
-    monkeypatch.setattr(recompute._KernelWindowAttention, 'forward',
-                        staticmethod(lambda *a: calls.append(1) or fwd(*a)))
+    fwd = recompute._KernelMapAttention.forward
+    monkeypatch.setattr(recompute._KernelMapAttention, 'forward', staticmethod(lambda *a: calls.append(1) or fwd(*a)))
     arch = dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8])
     model = randomize_(SwinTransformer(arch, window_size=7, drop_path_rate=0.0), seed=5).train()
     ref = ReferenceSwin(arch['embed_dims'], arch['depths'], arch['num_heads'], 7, False, 0).double().train()

@@ -232,7 +232,7 @@ def test_frozen_and_traced_blocks_keep_the_inference_path(monkeypatch):
     """A grad-enabled forward of a frozen Swin (``requires_grad_(False)``, as ``frozen_stages`` does) and a traced
     training forward build no recomputing node, so the fused inference kernels and traced graphs are unchanged."""
     seen = []
-    attention = (recompute._WindowAttention, recompute._KernelWindowAttention)
+    attention = (recompute._WindowAttention, recompute._KernelWindowAttention, recompute._KernelMapAttention)
     for cls in (*attention, recompute._GeluLinear, recompute._LayerNormLinear):
         monkeypatch.setattr(cls, 'forward', staticmethod(
             lambda *a, _c=cls, _f=cls.forward: seen.append(attention[0] if _c in attention else _c) or _f(*a)))
@@ -252,9 +252,11 @@ def test_frozen_and_traced_blocks_keep_the_inference_path(monkeypatch):
 def test_swin_training_hands_the_projection_over_packed(v2, monkeypatch):
     """Swin V1's training attention gives the recomputing function the (3, B*nW, heads, N, d) projection view whole
     (one gradient tensor, no stack of three); V2's cosine attention normalises q and k first, so it hands over the
-    three tensors it attends. (Checked on the batched products: where the fp32 kernels apply, only a packed
-    projection reaches them.)"""
+    three tensors it attends. (Checked on the batched products: the fp32 kernels, where they apply, read the
+    projection in its own layout.)"""
+    from mmplugin.models.backbones.swin import attention
     monkeypatch.setattr(recompute, '_kernel_applies', lambda *a: False)
+    monkeypatch.setattr(attention, 'kernel_available', lambda: False)
     packed = []
     fwd = recompute._WindowAttention.forward
     monkeypatch.setattr(recompute._WindowAttention, 'forward',

@@ -29,9 +29,15 @@ from torch.autograd.function import once_differentiable
 from mmplugin.models.layers.gemm import input_grad, product
 from mmplugin.models.layers.precision import REDUCED_DTYPES, autocast_dtype
 from mmplugin.ops.window_attention import available as kernel_available
-from mmplugin.ops.window_attention import window_attention, window_attention_grad
+from mmplugin.ops.window_attention import (
+    map_window_attention,
+    map_window_attention_grad,
+    window_attention,
+    window_attention_grad,
+)
 
-__all__ = ['recompute_applies', 'layer_norm_linear', 'gelu_linear', 'window_softmax', 'window_softmax_attention']
+__all__ = ['recompute_applies', 'layer_norm_linear', 'gelu_linear', 'window_softmax', 'window_softmax_attention',
+           'map_window_softmax_attention']
 
 _DTYPES = (torch.float32, torch.float64)
 
@@ -227,6 +233,47 @@ class _KernelWindowAttention(torch.autograd.Function):
         dqkv, dpos = window_attention_grad(qkv, grad, pos, mask, heads, ctx.scale)
         d_pos = dpos.view(pos.shape).to(pos.dtype) if ctx.needs_input_grad[1] else None
         return dqkv.view(bw, n, 3, heads, d).permute(2, 0, 3, 1, 4), d_pos, None, None, None
+
+
+class _KernelMapAttention(torch.autograd.Function):
+    """:class:`_KernelWindowAttention` on the map's layout (:func:`mmplugin.ops.window_attention.map_window_attention`
+    and its gradient): q, k, v projected on the map's real tokens and read through the window rows, the output and
+    the gradient written to the map's rows, the padding tokens' gradient summed into the zero token's projection
+    ``pad``. No window partition, reverse or their adjoints. Returns ``(B, L, C)``."""
+
+    @staticmethod
+    def forward(ctx, qkv, pad, pos, rows, mask, heads, scale):
+        ctx.save_for_backward(qkv, pad, pos, rows, mask)
+        ctx.heads, ctx.scale = heads, scale
+        return map_window_attention(qkv, pad.to(qkv.dtype), rows, heads, pos, mask, scale)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        qkv, pad, pos, rows, mask = ctx.saved_tensors
+        dqkv, dpos, dpad = map_window_attention_grad(qkv, grad, pad, rows, ctx.heads, pos, mask, ctx.scale)
+        d_pos = dpos.view(pos.shape).to(pos.dtype) if ctx.needs_input_grad[2] else None
+        return dqkv, dpad.to(pad.dtype) if ctx.needs_input_grad[1] else None, d_pos, None, None, None, None
+
+
+def map_window_softmax_attention(qkv: torch.Tensor, pad: torch.Tensor, rows: torch.Tensor, heads: int,
+                                 pos: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor | None:
+    """``softmax(scale * q k^T + pos + mask) v`` over the windows of a map, for fp32 CPU training, in the plugin's
+    kernels (:class:`_KernelMapAttention`), or None where they do not apply (the caller partitions the map and runs
+    :func:`window_softmax_attention`).
+
+    Args:
+        qkv: ``(B, L, 3C)`` the projection of the map's ``L`` tokens. pad: ``(3C,)`` a zero token's projection.
+        rows: ``(nW, N)`` each window token's map row (-1: padding), :meth:`WindowGeometry.map_rows`.
+        heads, pos, mask, scale: as :func:`window_softmax_attention` (``pos`` ``(1, heads, N, N)``).
+
+    Returns ``(B, L, C)``.
+    """
+    if not (recompute_applies(qkv, pad, pos) and qkv.dtype == pad.dtype == pos.dtype == torch.float32
+            and (mask is None or mask.dtype == torch.float32) and qkv.dim() == 3 and qkv.is_contiguous()
+            and kernel_available()):
+        return None
+    return _KernelMapAttention.apply(qkv, pad, pos, rows, mask, heads, scale)
 
 
 def _kernel_applies(packed: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None) -> bool:

@@ -26,10 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mmplugin.models.backbones.swin.position import coordinate_window, log_spaced_coords, relative_position_index
 from mmplugin.models.backbones.swin.windows import (
     MASK_VALUE,
     WindowGeometry,
-    index_cache,
     is_tracing,
     must_pad,
     padded_size,
@@ -37,7 +37,12 @@ from mmplugin.models.backbones.swin.windows import (
 )
 from mmplugin.models.layers.fusion import linear, linear_add
 from mmplugin.models.layers.precision import fp32_normalize
-from mmplugin.models.layers.recompute import window_softmax, window_softmax_attention
+from mmplugin.models.layers.recompute import (
+    map_window_softmax_attention,
+    recompute_applies,
+    window_softmax,
+    window_softmax_attention,
+)
 from mmplugin.ops.window_attention import available as kernel_available
 from mmplugin.ops.window_attention import map_window_attention, window_attention
 
@@ -46,41 +51,6 @@ __all__ = [
     'log_spaced_coords', 'relative_position_index', 'MASK_VALUE', 'is_tracing', 'must_pad', 'padded_size',
     'window_index'
 ]
-
-
-def relative_position_index(ws: int, device: torch.device, table_ws: int | None = None) -> torch.Tensor:
-    """``(ws*ws, ws*ws)`` index into a ``(2T-1)^2`` table (``T = table_ws``, default ``ws``):
-    ``(dy + T - 1) * (2T - 1) + (dx + T - 1)``. A window smaller than the table's reads the table's centre, i.e.
-    the same offsets.
-
-    Cached in eager mode; built in the graph while tracing, so no tensor created under a fake / tracing mode
-    is ever cached (non-strict export runs this code with fake tensors).
-    """
-    if is_tracing():
-        return _relative_position_index(ws, device, table_ws)
-    return _cached_relative_position_index(ws, device, table_ws)
-
-
-def _relative_position_index(ws: int, device: torch.device, table_ws: int | None = None) -> torch.Tensor:
-    t = table_ws or ws
-    coords = torch.stack(torch.meshgrid(torch.arange(ws), torch.arange(ws), indexing='ij')).flatten(1)
-    rel = coords[:, :, None] - coords[:, None, :] + (t - 1)
-    return (rel[0] * (2 * t - 1) + rel[1]).to(device)
-
-
-_cached_relative_position_index = index_cache(_relative_position_index)
-
-
-def log_spaced_coords(ws: int, pretrained_ws: int) -> torch.Tensor:
-    """V2 continuous position bias input: ``(2ws-1, 2ws-1, 2)`` log-spaced relative coordinates.
-
-    Offsets are normalised by ``pretrained_ws - 1`` (so a fine-tuned larger window extrapolates the pretrained
-    range), scaled to [-8, 8] and mapped by ``sign(t) * log2(1 + |t|) / log2(8)``.
-    """
-    r = torch.arange(-(ws - 1), ws, dtype=torch.float32)
-    table = torch.stack(torch.meshgrid(r, r, indexing='ij'), dim=-1)
-    table = table / max(pretrained_ws - 1, 1) * 8
-    return torch.sign(table) * torch.log2(table.abs() + 1.0) / math.log2(8)
 
 
 # ---------------------------------------------------------------------------------------------------- attention
@@ -167,12 +137,6 @@ def _attend_explicit(q, k, v, pos: torch.Tensor, mask: torch.Tensor | None, b: i
     return out.transpose(1, 2).reshape(bw, n, heads * d)
 
 
-def coordinate_window(pretrained_window_size: int, window_size: int) -> int:
-    """The window that normalises Swin V2's position coordinates: ``pretrained_window_size``, where 0 means the
-    window in use (``window_size``: the configured one, or the smaller window of a small map)."""
-    return pretrained_window_size or window_size
-
-
 class WindowAttentionBase(nn.Module):
     """Multi-head attention within the windows of a ``(B, H, W, C)`` map, written once for Swin V1 and V2.
 
@@ -218,6 +182,8 @@ class WindowAttentionBase(nn.Module):
         b = x.shape[0]
         out = self._map_attention(x, geom)  # (B, H, W, C) where the fused kernel ran (CPU inference), else None
         if out is None:
+            out = self._map_training_attention(x, geom)  # the same for fp32 CPU training
+        if out is None:
             packed, q, k, v = _split_heads(geom.partition_projected(x, self.project), self.num_heads)
             scale, cosine = self.attention_scales()
             pos = self.position_bias(geom.ws).unsqueeze(0)  # (1, heads, N, N)
@@ -227,6 +193,25 @@ class WindowAttentionBase(nn.Module):
                 return out if residual is None else residual + out
             out = geom.reverse(out, b)
         return linear(out, self.proj) if residual is None else linear_add(out, self.proj, residual)
+
+    def _map_training_attention(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor | None:
+        """fp32 CPU training: :meth:`_map_attention`'s layout with a gradient
+        (:func:`mmplugin.models.layers.recompute.map_window_softmax_attention`: the kernels' forward and backward on
+        the map's real tokens, no partition or reverse); None where it does not apply (dropout, V2's cosine
+        attention, autocast, tracing)."""
+        if (x.device.type != 'cpu' or x.dtype != torch.float32 or geom.traced or self.attn_drop or self.proj_drop.p
+                or not recompute_applies(x, *self.parameters()) or not kernel_available()):
+            return None  # decided before the projection, so a fallback never projects twice
+        scale, cosine = self.attention_scales()
+        if cosine is not None:
+            return None
+        b, h, w, c = x.shape
+        qkv = self.project(x.reshape(b, h * w, c))
+        pad = self.project(x.new_zeros(1, c)).view(-1)  # a padding token's q, k, v (the projection's bias)
+        pos = self.position_bias(geom.ws).unsqueeze(0)
+        out = map_window_softmax_attention(qkv, pad, geom.map_rows(), self.num_heads, pos, geom.mask,
+                                           (c // self.num_heads)**-0.5 if scale is None else scale)
+        return None if out is None else out.view(b, h, w, c)
 
     def _map_attention(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor | None:
         """CPU inference: q, k, v of the map's real tokens, attended by the fused kernel in place of partition, padding
