@@ -227,14 +227,13 @@ def test_gpu_check_runs_its_checks_on_the_cpu(tmp_path):
                     assert r['rel_err'] < bound, (spec, r)
         assert {r['impl'] for r in entry['training']} >= {'mmplugin', 'mmplugin with_cp'}, spec
     assert {'mmdet-swin', 'mmdet-swin with_cp'} <= {r['impl'] for r in report['backbones']['swin:tiny']['training']}
-    # CPU inference: the plugin's fused kernel (SDPA where it cannot be built); training: SDPA or the explicit
-    # products (softmax + bmm)
+    # CPU inference and fp32 training: the plugin's fused kernel (SDPA or the explicit products, softmax + bmm,
+    # where it cannot be built)
     from mmplugin.ops.window_attention import available
-    eval_ops = report['backbones']['swin:tiny']['attention']['fp32 eval']
-    assert (eval_ops == ['mmplugin::window_attention'] if available()
-            else any('scaled_dot_product' in op for op in eval_ops))
-    assert any('softmax' in op or 'scaled_dot_product' in op
-               for op in report['backbones']['swin:tiny']['attention']['fp32 train'])
+    for mode in ('fp32 eval', 'fp32 train'):
+        ops = report['backbones']['swin:tiny']['attention'][mode]
+        assert (ops == ['mmplugin::window_attention'] if available()
+                else any('softmax' in op or 'scaled_dot_product' in op for op in ops)), (mode, ops)
     # the whole detector step, plugin backbone against mmdet's: the same first-step losses (same weights, sampling)
     pair = {r['impl']: r for r in report['detector_pair']}
     assert set(pair) == {'mmdet-swin', 'mmplugin', 'mmplugin with_cp'}
