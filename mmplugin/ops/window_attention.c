@@ -1,6 +1,6 @@
 /* Window attention: softmax(scale * q k^T + bias) v for every (window, head), with the position bias and the shift
- * mask added in fp32, in one pass per window and head: the scores never leave the thread's cache. Its fp32 gradient,
- * for training, is window_attention_grad.h (included at the end).
+ * mask added in fp32, in one pass per window and head: the scores never leave the thread's cache. Its gradient, for
+ * training, is window_attention_grad.h (included beside the forward for each element type).
  *
  * Why: Swin's attention runs over windows of N = ws * ws tokens (49 for 7x7), thousands of them per image. PyTorch's
  * CPU SDPA kernel tiles for long sequences, so on these short ones it reaches a small fraction of the CPU's
@@ -368,6 +368,7 @@ static inline void pack_token_bf16dot(const uint16_t *qr, const uint16_t *kr, co
 #define LOAD(p, i) ((p)[i])
 #define STORE(p, i, x) ((p)[i] = (x))
 #include "window_attention_impl.h"
+#include "window_attention_grad.h"
 #undef T
 #undef SUFFIX
 #undef LOAD
@@ -380,10 +381,9 @@ static inline void pack_token_bf16dot(const uint16_t *qr, const uint16_t *kr, co
 #define LOAD(p, i) bf16_to_f32((p)[i])
 #define STORE(p, i, x) ((p)[i] = f32_to_bf16(x))
 #include "window_attention_impl.h"
+#include "window_attention_grad.h"
 #undef T
 #undef SUFFIX
 #undef LOAD
 #undef STORE
 #undef IS_BF16
-
-#include "window_attention_grad.h"

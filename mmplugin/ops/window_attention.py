@@ -7,9 +7,9 @@ products are 3% of the model's multiply-adds; the explicit batched products move
 through memory three times. The kernel packs each window's heads once, keeps a few query rows' scores in vector
 registers and the softmax in cache, and adds the position bias and the shift mask in fp32.
 
-Training (fp32): :func:`window_attention_grad` is the backward, recomputing the probabilities per window in cache
-and writing the gradient in the fused projection's layout; :mod:`mmplugin.models.layers.recompute` pairs it with
-:func:`window_attention` as the forward of an autograd function.
+Training (fp32, bf16 under autocast): :func:`window_attention_grad` is the backward, recomputing the probabilities per
+window in cache and writing the gradient in the fused projection's layout; :mod:`mmplugin.models.layers.recompute`
+pairs it with :func:`window_attention` as the forward of an autograd function.
 
 Scope of :func:`window_attention`: no autograd of its own, fp32 and bf16 queries
 (bf16 is computed in fp32 and rounded once on the store; on CPUs with AVX512-BF16 the products take the bf16
@@ -45,7 +45,8 @@ _GRAD_ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_float] + [
 def _kernels() -> ctypes.CDLL | None:
     """The library for the current ISA, or None where it cannot be built (warned once per ISA, not retried)."""
     return kernel_library('window_attention', {**{f'mmplugin_window_attention_{s}': _ARGS for s in _SUFFIX.values()},
-                                               'mmplugin_window_attention_grad_f32': _GRAD_ARGS},
+                                               **{f'mmplugin_window_attention_grad_{s}': _GRAD_ARGS
+                                                  for s in _SUFFIX.values()}},
                           'Swin window attention runs in PyTorch SDPA')
 
 
@@ -190,14 +191,16 @@ def window_attention_grad(qkv: torch.Tensor, grad: torch.Tensor, pos: torch.Tens
                           heads: int, scale: float) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The gradients of ``out = softmax(scale * q k^T + pos + mask) v`` (heads merged, as :func:`window_attention`
     returns it) with respect to the fused projection and the position bias, recomputing the probabilities in the
-    kernel (``window_attention_grad.h``), or None where the kernel is not built. fp32 only.
+    kernel (``window_attention_grad.h``), or None where the kernel is not built. fp32 or bf16 (computed in fp32, the
+    gradient rounded once).
 
     Args:
-        qkv: ``(B*nW, N, 3C)`` contiguous fp32, each token's q, k, v with the heads side by side (``C = heads * d``).
+        qkv: ``(B*nW, N, 3C)`` contiguous fp32 or bf16, each token's q, k, v with the heads side by side
+            (``C = heads * d``).
         grad: ``(B*nW, N, C)``, the gradient of the output.
         pos: the ``(heads, N, N)`` position bias (any leading ones). mask: the ``(nW, N, N)`` shift mask or None.
 
-    Returns ``(dqkv, dpos)``: ``(B*nW, N, 3C)`` and the ``(heads, N, N)`` sum over the windows, fp32.
+    Returns ``(dqkv, dpos)``: ``(B*nW, N, 3C)`` in qkv's dtype and the ``(heads, N, N)`` sum over the windows, fp32.
     """
     bw, n, c3 = qkv.shape
     out = _grad(qkv, grad, pos, mask, heads, scale, bw, n, None, None)
@@ -212,19 +215,19 @@ def map_window_attention_grad(qkv: torch.Tensor, grad: torch.Tensor, pad: torch.
     into ``pad``'s, in place of the gathers of the window partition and its reverse and their adjoints.
 
     Args:
-        qkv: ``(B, L, 3C)`` contiguous fp32, the projection of the map's ``L`` tokens. grad: ``(B, L, C)``.
+        qkv: ``(B, L, 3C)`` contiguous fp32 or bf16, the projection of the map's ``L`` tokens. grad: ``(B, L, C)``.
         pad: ``(3C,)`` the projection of a zero token. rows: ``(nW, N)`` int64 as :func:`map_window_attention`'s.
         heads, pos, mask, scale: as :func:`window_attention_grad`.
 
-    Returns ``(dqkv, dpos, dpad)``: ``(B, L, 3C)``, ``(heads, N, N)`` and ``(3C,)``, fp32; None where the kernel is
-    not built.
+    Returns ``(dqkv, dpos, dpad)``: ``(B, L, 3C)`` in qkv's dtype, ``(heads, N, N)`` and ``(3C,)`` in fp32; None
+    where the kernel is not built.
     """
     if rows.dtype != torch.int64 or rows.dim() != 2 or not rows.is_contiguous() or pad.shape != qkv.shape[-1:]:
         raise ValueError('map window attention gradient: rows must be a contiguous int64 (nW, N) tensor and pad the '
                          '(3C,) projection of a zero token')
     _check_rows(rows, qkv.shape[1])
     return _grad(qkv, grad, pos, mask, heads, scale, qkv.shape[0] * rows.shape[0], rows.shape[1], rows,
-                 pad.detach().float().contiguous())
+                 pad.detach().to(qkv.dtype).contiguous())
 
 
 def _grad(qkv, grad, pos, mask, heads, scale, windows, n, rows, pad):
@@ -233,21 +236,22 @@ def _grad(qkv, grad, pos, mask, heads, scale, windows, n, rows, pad):
     if lib is None:
         return None
     c3 = qkv.shape[-1]
-    if (qkv.dtype != torch.float32 or qkv.dim() != 3 or not qkv.is_contiguous() or c3 % (3 * heads)
+    if (qkv.dtype not in _SUFFIX or qkv.dim() != 3 or not qkv.is_contiguous() or c3 % (3 * heads)
             or grad.shape != (*qkv.shape[:2], c3 // 3)):
-        raise ValueError(f'window attention gradient: qkv must be a contiguous fp32 3-d tensor of 3C channels and grad '
-                         f'its output gradient of C; got {tuple(qkv.shape)} {qkv.dtype} and {tuple(grad.shape)}')
+        raise ValueError(f'window attention gradient: qkv must be a contiguous fp32 or bf16 3-d tensor of 3C channels '
+                         f'and grad its output gradient of C; got {tuple(qkv.shape)} {qkv.dtype} and '
+                         f'{tuple(grad.shape)}')
     nw = rows.shape[0] if rows is not None else 1 if mask is None else mask.shape[0]  # the windows of an image
     if mask is not None and (mask.shape != (nw, n, n) or windows % nw):
         raise ValueError(f'window attention gradient: mask of shape {tuple(mask.shape)} for {windows} windows of {n} '
                          'tokens')
-    grad = grad.float().contiguous()
+    grad = grad.to(qkv.dtype).contiguous()
     pos = pos.detach().reshape(heads, n, n).float().contiguous()
     mask = None if mask is None else mask.detach().float().contiguous()
     dqkv = torch.empty_like(qkv)
     dpos, dpad = torch.zeros(heads, n, n), torch.zeros(c3)
     with torch.profiler.record_function('mmplugin::window_attention_grad'):
-        failed = lib.mmplugin_window_attention_grad_f32(
+        failed = getattr(lib, f'mmplugin_window_attention_grad_{_SUFFIX[qkv.dtype]}')(
             qkv.data_ptr(), grad.data_ptr(), pos.data_ptr(), _ptr(mask), windows, nw, heads, n, c3 // (3 * heads),
             float(scale), dqkv.data_ptr(), dpos.data_ptr(), _ptr(rows), _ptr(pad), qkv.shape[1] if rows is not None
             else 0, dpad.data_ptr(), torch.get_num_threads())

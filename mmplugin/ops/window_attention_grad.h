@@ -1,4 +1,5 @@
-/* The gradient of window attention for CPU training, fp32: for every (window, head), with S = scale * q k^T + pos +
+/* The gradient of window attention for CPU training, for one element type T (fp32, or bf16 bits loaded into fp32 and
+ * the gradient rounded once on the store; included once per type, as window_attention_impl.h): for every (window, head), with S = scale * q k^T + pos +
  * mask and P = softmax(S) recomputed from q, k, v (nothing but the inputs is kept from the forward),
  *   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = scale * dS K,  dK = scale * dS^T Q,
  *   dpos += dS (summed over the windows and images; the mask takes no gradient).
@@ -10,18 +11,20 @@
  * cache and their five products, the softmax and its gradient run there, and the gradients are written straight into
  * the qkv projection's layout.
  *
- * Layouts (contiguous fp32): qkv and dqkv are (windows, N, 3, heads, d), the fused projection's output and its
+ * Layouts (contiguous; qkv, g, pad and dqkv of type T, the rest fp32): qkv and dqkv are (windows, N, 3, heads, d), the fused projection's output and its
  * gradient (q, k, v of token i, head h at columns h * d, C + h * d, 2C + h * d of row i, C = heads * d); g, the
  * output's gradient, is (windows, N, heads * d); pos (heads, N, N); mask (nw, N, N) or NULL, window w using
  * mask[w % nw]; dpos (heads, N, N) receives the sum over all windows (added to what it holds).
  * Gathered from the map (rows != NULL, as the forward's map layout): qkv, dqkv are (images * img_rows, 3C) and g
  * (images * img_rows, C), the rows of the unwindowed map; rows (nw, N) gives each window token's row within its image
  * (-1 for a padding token, whose q, k, v are pad's, 3C floats, and whose output takes no gradient: the padding is
- * cropped); every map row appears once, so each dqkv row is written once; dpad (3C) receives the padding tokens'
+ * cropped); every map row appears once, so each dqkv row is written once; dpad (3C, fp32) receives the padding tokens'
  * gradient summed (added to what it holds).
  * Non-finite values: as the formulation's backward in IEEE arithmetic (a NaN or infinite score makes its row's
  * probabilities NaN, and the NaN reaches that row's and the window's gradients through the products).
  * Returns 0, or 1 when a thread's scratch buffer cannot be allocated. */
+#ifndef MMP_TOKEN_ROW
+#define MMP_TOKEN_ROW
 /* Token i of window w: its row in qkv / g / dqkv (the window layout's own row, or the map row through rows), or -1
  * for a padding token of the map layout. */
 static inline int64_t token_row(const int64_t *rows, int64_t w, int64_t i, int64_t nw, int64_t n, int64_t img_rows) {
@@ -29,10 +32,11 @@ static inline int64_t token_row(const int64_t *rows, int64_t w, int64_t i, int64
     const int64_t r = rows[(w % nw) * n + i];
     return r < 0 ? -1 : (w / nw) * img_rows + r;
 }
+#endif
 
-int mmplugin_window_attention_grad_f32(const float *qkv, const float *g, const float *pos, const float *mask,
+int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const float *pos, const float *mask,
                                        int64_t windows, int64_t nw, int64_t heads, int64_t n, int64_t d, float scale,
-                                       float *dqkv, float *dpos, const int64_t *rows, const float *pad,
+                                       T *dqkv, float *dpos, const int64_t *rows, const T *pad,
                                        int64_t img_rows, float *dpad, int threads) {
     const int64_t np = round_up(n, KV * VW), dp = round_up(d, DV * VW), nq = round_up(n, ROWS);
     const int64_t c = heads * d, row = 3 * c;
@@ -56,13 +60,13 @@ int mmplugin_window_attention_grad_f32(const float *qkv, const float *g, const f
         for (int64_t h = 0; h < heads; h++) {
             for (int64_t i = 0; i < n; i++) { /* the head's operands into the cache-resident layouts */
                 const int64_t t = token_row(rows, w, i, nw, n, img_rows);
-                const float *src = (t < 0 ? pad : qkv + t * row) + h * d, *gi = t < 0 ? NULL : g + t * c + h * d;
+                const T *src = (t < 0 ? pad : qkv + t * row) + h * d, *gi = t < 0 ? NULL : g + t * c + h * d;
                 for (int64_t e = 0; e < d; e++) {
-                    qs[i * dp + e] = src[e] * scale;
-                    kr[i * dp + e] = src[c + e];
-                    kt[e * np + i] = src[c + e];
-                    vt[e * np + i] = src[2 * c + e];
-                    go[i * dp + e] = gi == NULL ? 0.0f : gi[e];
+                    qs[i * dp + e] = LOAD(src, e) * scale;
+                    kr[i * dp + e] = LOAD(src, c + e);
+                    kt[e * np + i] = LOAD(src, c + e);
+                    vt[e * np + i] = LOAD(src, 2 * c + e);
+                    go[i * dp + e] = gi == NULL ? 0.0f : LOAD(gi, e);
                 }
             }
             const float *ph = pos + h * n * n;
@@ -145,7 +149,7 @@ int mmplugin_window_attention_grad_f32(const float *qkv, const float *g, const f
                 const float *opnd = part == 0 ? go : (part == 1 ? qs : kr);
                 const int transposed = part < 2;
                 const float mult = part == 2 ? scale : 1.0f;
-                float *dst = dqkv + (part == 0 ? 2 * c : (part == 1 ? c : 0)) + h * d;
+                T *dst = dqkv + (part == 0 ? 2 * c : (part == 1 ? c : 0)) + h * d;
                 for (int64_t j0 = 0; j0 < n; j0 += ROWS) {
                     const int nr = n - j0 < ROWS ? (int)(n - j0) : ROWS;
                     for (int64_t c0 = 0; c0 < dp; c0 += DV * VW) {
@@ -167,8 +171,8 @@ int mmplugin_window_attention_grad_f32(const float *qkv, const float *g, const f
                             }
                             const int64_t width = d - c0 < DV * VW ? d - c0 : DV * VW;
                             const int64_t t = token_row(rows, w, j0 + r, nw, n, img_rows);
-                            if (t >= 0 && width > 0)
-                                memcpy(dst + t * row + c0, tmp, (size_t)width * sizeof(float));
+                            if (t >= 0)
+                                for (int64_t e = 0; e < width; e++) STORE(dst + t * row + c0, e, tmp[e]);
                             else /* a padding token: its gradient adds to pad's */
                                 for (int64_t e = 0; e < width; e++) accpad[(dst - dqkv) + c0 + e] += tmp[e];
                         }

@@ -37,7 +37,7 @@ from mmplugin.ops.window_attention import (
 )
 
 __all__ = ['recompute_applies', 'layer_norm_linear', 'gelu_linear', 'window_softmax', 'window_softmax_attention',
-           'map_window_softmax_attention']
+           'map_attention_dtype', 'map_window_softmax_attention']
 
 _DTYPES = (torch.float32, torch.float64)
 
@@ -48,11 +48,27 @@ def recompute_applies(x: torch.Tensor, *params: torch.Tensor | None) -> bool:
     path), not traced, exported or compiled, and no autocast (whose dtype the functions would otherwise have to
     replay in the backward). The backward functions are first-order only (``once_differentiable``): a second
     derivative through them is an error, not a wrong number."""
-    return (x.device.type == 'cpu' and x.dtype in _DTYPES and torch.is_grad_enabled()
+    return x.dtype in _DTYPES and not torch.is_autocast_enabled('cpu') and _eager_cpu_training(x, params)
+
+
+def _eager_cpu_training(x: torch.Tensor, params) -> bool:
+    return (x.device.type == 'cpu' and torch.is_grad_enabled()
             and (x.requires_grad or any(p is not None and p.requires_grad for p in params))
-            and not torch.is_autocast_enabled('cpu') and not torch.jit.is_tracing()
-            and not torch.compiler.is_compiling() and not torch.compiler.is_exporting()
-            and not torch.onnx.is_in_onnx_export())
+            and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
+            and not torch.compiler.is_exporting() and not torch.onnx.is_in_onnx_export())
+
+
+def map_attention_dtype(x: torch.Tensor, *params: torch.Tensor | None) -> torch.dtype | None:
+    """The dtype in which :func:`map_window_softmax_attention` would serve an attention on the map ``x`` with
+    ``params``: fp32 in eager fp32 CPU training (as :func:`recompute_applies`), bf16 under CPU bf16 autocast (the
+    projection's output then is bf16, whether ``x`` is fp32 or bf16; the kernels compute in fp32 and round the output
+    and the gradient once, where autocast's products would round the probabilities too); None elsewhere."""
+    if not _eager_cpu_training(x, params):
+        return None
+    if not torch.is_autocast_enabled('cpu'):
+        return torch.float32 if x.dtype == torch.float32 else None
+    low = torch.get_autocast_dtype('cpu')
+    return low if low == torch.bfloat16 and x.dtype in (torch.float32, low) else None
 
 
 class _GeluLinear(torch.autograd.Function):
@@ -258,9 +274,9 @@ class _KernelMapAttention(torch.autograd.Function):
 
 def map_window_softmax_attention(qkv: torch.Tensor, pad: torch.Tensor, rows: torch.Tensor, heads: int,
                                  pos: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor | None:
-    """``softmax(scale * q k^T + pos + mask) v`` over the windows of a map, for fp32 CPU training, in the plugin's
-    kernels (:class:`_KernelMapAttention`), or None where they do not apply (the caller partitions the map and runs
-    :func:`window_softmax_attention`).
+    """``softmax(scale * q k^T + pos + mask) v`` over the windows of a map, for CPU training (fp32, or the bf16
+    projection of bf16 autocast: :func:`map_attention_dtype`), in the plugin's kernels (:class:`_KernelMapAttention`),
+    or None where they do not apply (the caller partitions the map and runs :func:`window_softmax_attention`).
 
     Args:
         qkv: ``(B, L, 3C)`` the projection of the map's ``L`` tokens. pad: ``(3C,)`` a zero token's projection.
@@ -269,9 +285,9 @@ def map_window_softmax_attention(qkv: torch.Tensor, pad: torch.Tensor, rows: tor
 
     Returns ``(B, L, C)``.
     """
-    if not (recompute_applies(qkv, pad, pos) and qkv.dtype == pad.dtype == pos.dtype == torch.float32
-            and (mask is None or mask.dtype == torch.float32) and qkv.dim() == 3 and qkv.is_contiguous()
-            and kernel_available()):
+    if not (qkv.dtype == pad.dtype and qkv.dtype in (torch.float32, torch.bfloat16) and pos.dtype == torch.float32
+            and (mask is None or mask.is_floating_point()) and qkv.dim() == 3 and qkv.is_contiguous()
+            and _eager_cpu_training(qkv, (pad, pos)) and kernel_available()):  # the mask's 0 and -100: exact in any
         return None
     return _KernelMapAttention.apply(qkv, pad, pos, rows, mask, heads, scale)
 

@@ -38,8 +38,8 @@ from mmplugin.models.backbones.swin.windows import (
 from mmplugin.models.layers.fusion import linear, linear_add
 from mmplugin.models.layers.precision import fp32_normalize
 from mmplugin.models.layers.recompute import (
+    map_attention_dtype,
     map_window_softmax_attention,
-    recompute_applies,
     window_softmax,
     window_softmax_attention,
 )
@@ -195,12 +195,12 @@ class WindowAttentionBase(nn.Module):
         return linear(out, self.proj) if residual is None else linear_add(out, self.proj, residual)
 
     def _map_training_attention(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor | None:
-        """fp32 CPU training: :meth:`_map_attention`'s layout with a gradient
+        """CPU training in fp32 or bf16 autocast: :meth:`_map_attention`'s layout with a gradient
         (:func:`mmplugin.models.layers.recompute.map_window_softmax_attention`: the kernels' forward and backward on
         the map's real tokens, no partition or reverse); None where it does not apply (dropout, V2's cosine
-        attention, autocast, tracing)."""
-        if (x.device.type != 'cpu' or x.dtype != torch.float32 or geom.traced or self.attn_drop or self.proj_drop.p
-                or not recompute_applies(x, *self.parameters()) or not kernel_available()):
+        attention, fp16, tracing)."""
+        if (geom.traced or self.attn_drop or self.proj_drop.p or map_attention_dtype(x, *self.parameters()) is None
+                or not kernel_available()):
             return None  # decided before the projection, so a fallback never projects twice
         scale, cosine = self.attention_scales()
         if cosine is not None:
