@@ -73,33 +73,25 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
             /* S = qs k^T + pos + mask into p (ROWS rows at a time), then the rows' softmax in place */
             for (int64_t i0 = 0; i0 < n; i0 += ROWS) {
                 const int nr = n - i0 < ROWS ? (int)(n - i0) : ROWS;
-                for (int64_t c0 = 0; c0 < np; c0 += KV * VW) {
-                    vf s[ROWS][KV], t[ROWS][KV];
-                    for (int r = 0; r < ROWS; r++)
-                        for (int j = 0; j < KV; j++) s[r][j] = t[r][j] = splat(0.0f);
-                    for (int64_t e = 0; e < d; e++) {
-                        vf kv[KV];
-                        for (int j = 0; j < KV; j++) memcpy(&kv[j], kt + e * np + c0 + j * VW, sizeof(vf));
-                        for (int r = 0; r < ROWS; r++) {
-                            const vf qv = splat(qs[(i0 + r) * dp + e]);
-                            for (int j = 0; j < KV; j++) s[r][j] += qv * kv[j];
+                for (int64_t c0 = 0; c0 < np; c0 += KV * VW)
+                    for (int pass = 0; pass < 2; pass++) { /* S = qs k^T into p, then dP = dO V^T into ds: 16
+                                                           * accumulators each (both at once would spill) */
+                        const float *lhs = pass == 0 ? qs : go, *rhs = pass == 0 ? kt : vt;
+                        float *res = pass == 0 ? p : ds;
+                        vf s[ROWS][KV];
+                        for (int r = 0; r < ROWS; r++)
+                            for (int j = 0; j < KV; j++) s[r][j] = splat(0.0f);
+                        for (int64_t e = 0; e < d; e++) {
+                            vf kv[KV];
+                            for (int j = 0; j < KV; j++) memcpy(&kv[j], rhs + e * np + c0 + j * VW, sizeof(vf));
+                            for (int r = 0; r < ROWS; r++) {
+                                const vf qv = splat(lhs[(i0 + r) * dp + e]);
+                                for (int j = 0; j < KV; j++) s[r][j] += qv * kv[j];
+                            }
                         }
+                        for (int r = 0; r < nr; r++)
+                            for (int j = 0; j < KV; j++) memcpy(res + (i0 + r) * np + c0 + j * VW, &s[r][j], sizeof(vf));
                     }
-                    /* dP = dO V^T for the same block, into ds */
-                    for (int64_t e = 0; e < d; e++) {
-                        vf vv[KV];
-                        for (int j = 0; j < KV; j++) memcpy(&vv[j], vt + e * np + c0 + j * VW, sizeof(vf));
-                        for (int r = 0; r < ROWS; r++) {
-                            const vf gv = splat(go[(i0 + r) * dp + e]);
-                            for (int j = 0; j < KV; j++) t[r][j] += gv * vv[j];
-                        }
-                    }
-                    for (int r = 0; r < nr; r++)
-                        for (int j = 0; j < KV; j++) {
-                            memcpy(p + (i0 + r) * np + c0 + j * VW, &s[r][j], sizeof(vf));
-                            memcpy(ds + (i0 + r) * np + c0 + j * VW, &t[r][j], sizeof(vf));
-                        }
-                }
             }
             for (int64_t i = 0; i < n; i++) {
                 float *restrict pi = p + i * np, *restrict di = ds + i * np;
@@ -171,8 +163,13 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
                             }
                             const int64_t width = d - c0 < DV * VW ? d - c0 : DV * VW;
                             const int64_t t = token_row(rows, w, j0 + r, nw, n, img_rows);
-                            if (t >= 0)
+                            if (t >= 0) {
+#ifdef IS_BF16
                                 for (int64_t e = 0; e < width; e++) STORE(dst + t * row + c0, e, tmp[e]);
+#else
+                                memcpy(dst + t * row + c0, tmp, (size_t)width * sizeof(float));
+#endif
+                            }
                             else /* a padding token: its gradient adds to pad's */
                                 for (int64_t e = 0; e < width; e++) accpad[(dst - dqkv) + c0 + e] += tmp[e];
                         }
