@@ -13,12 +13,16 @@ docs/benchmarks.md has the command.
 
 The functions compute what the plain ops compute with the same kernels (their linears those of
 :func:`mmplugin.models.layers.gemm.train_linear`), so the forward is bit-identical and the backward differs only by
-floating-point reassociation inside the kernels. The one exception is the fp32 window attention on a packed
-projection, which runs in the plugin's C kernels (:class:`_KernelWindowAttention`, forward and backward: Swin-T's
-fp32 training step at 512x768, batch 2, 3.03 -> 2.67 s on an Intel Xeon family 6 model 167, 2 threads), within the
-kernels' error bounds of the formulation. They apply in eager autograd on the CPU
-in float32 / float64 (:func:`recompute_applies`); elsewhere (CUDA, autocast, tracing, export, ``torch.compile``,
-which plans its own recomputation) the callers use the plain ops.
+floating-point reassociation inside the kernels. They apply in eager autograd on the CPU in float32 / float64
+(:func:`recompute_applies`); elsewhere (CUDA, autocast, tracing, export, ``torch.compile``, which plans its own
+recomputation) the callers use the plain ops.
+
+The window attention's exception: where the plugin's C kernels are built, the fp32 attention (and under CPU bf16
+autocast the bf16 one, :func:`map_attention_dtype`) runs in them, forward and backward, within the kernels' error
+bounds of the formulation rather than bit for bit: on the map's layout (:class:`_KernelMapAttention`, no window
+partition or reverse) or on a packed projection (:class:`_KernelWindowAttention`). Swin-T's training step at
+512x768, batch 2, on an Intel Xeon family 6 model 167 (2 threads): fp32 3004 -> 2431 ms, bf16 autocast 1415 -> 1233
+ms (docs/benchmarks.md has the command).
 """
 from __future__ import annotations
 

@@ -13,7 +13,9 @@ Speed, compared with the usual roll -> partition -> attention -> reverse -> roll
 * the shift mask is built with tensor ops once per stage and forward from cached per-position region labels;
   blocks of a stage share it (``WindowGeometry``), and the cache holds only small index tensors;
 * CPU inference runs the attention in one fused kernel per window (:mod:`mmplugin.ops.window_attention`: scores,
-  position bias + shift mask in fp32, softmax and the value products without the scores leaving the cache);
+  position bias + shift mask in fp32, softmax and the value products without the scores leaving the cache), and CPU
+  training (fp32, bf16 autocast) in the same kernel with a backward that recomputes each window in cache, both on
+  the map's real tokens (no partition or reverse);
 * elsewhere a block's relative position bias is gathered once per forward, added to the mask once, and handed to
   :func:`torch.nn.functional.scaled_dot_product_attention` as a float mask;
 * V2's per-head logit scale is folded into the normalised queries, so SDPA runs with ``scale=1``.
