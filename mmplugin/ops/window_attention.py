@@ -1,4 +1,4 @@
-"""Window attention for CPU inference: ``softmax(scale * q k^T + pos + mask) v`` per window and head, fused in one C
+"""Window attention on CPUs: ``softmax(scale * q k^T + pos + mask) v`` per window and head, fused in one C
 kernel (``window_attention.c``, built on first use for the vector ISA torch dispatches to; :mod:`mmplugin.ops.build`).
 
 Why: Swin's windows hold 49 tokens. PyTorch's CPU SDPA kernel tiles for long sequences and, on Swin-T at 800x1216 on

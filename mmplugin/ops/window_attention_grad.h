@@ -14,7 +14,8 @@
  * Layouts (contiguous; qkv, g, pad and dqkv of type T, the rest fp32): qkv and dqkv are (windows, N, 3, heads, d), the fused projection's output and its
  * gradient (q, k, v of token i, head h at columns h * d, C + h * d, 2C + h * d of row i, C = heads * d); g, the
  * output's gradient, is (windows, N, heads * d); pos (heads, N, N); mask (nw, N, N) or NULL, window w using
- * mask[w % nw]; dpos (heads, N, N) receives the sum over all windows (added to what it holds).
+ * mask[w % nw]; dpos (heads, N, N) receives the sum over all windows (added to what it holds; the threads' partial
+ * sums in thread order, so the bits repeat from call to call at a given thread count).
  * Gathered from the map (rows != NULL, as the forward's map layout): qkv, dqkv are (images * img_rows, 3C) and g
  * (images * img_rows, C), the rows of the unwindowed map; rows (nw, N) gives each window token's row within its image
  * (-1 for a padding token, whose q, k, v are pad's, 3C floats, and whose output takes no gradient: the padding is
@@ -25,6 +26,12 @@
  * Returns 0, or 1 when a thread's scratch buffer cannot be allocated. */
 #ifndef MMP_TOKEN_ROW
 #define MMP_TOKEN_ROW
+#ifdef _OPENMP
+#include <omp.h>
+#define THREAD_NUM() omp_get_thread_num()
+#else
+#define THREAD_NUM() 0
+#endif
 /* Token i of window w: its row in qkv / g / dqkv (the window layout's own row, or the map row through rows), or -1
  * for a padding token of the map layout. */
 static inline int64_t token_row(const int64_t *rows, int64_t w, int64_t i, int64_t nw, int64_t n, int64_t img_rows) {
@@ -43,14 +50,20 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
     /* per thread: qs, go (nq, dp); kr (np, dp) keys by row; kt, vt (dp, np) keys and values transposed; p, ds (nq,
      * np) probabilities and score gradients; acc (heads, n, n) the thread's position-bias gradient; out (dp) a row */
     const int64_t floats = 2 * nq * dp + np * dp + 2 * dp * np + 2 * nq * np + heads * n * n + dp + row;
+    const int team = windows < threads ? (int)(windows > 0 ? windows : 1) : (threads > 0 ? threads : 1);
+    /* each thread's buffer, kept past the parallel region: the bias and padding gradients are summed over the
+     * threads in thread order, so a call gives the same bits every time at a given thread count */
+    float **bufs = (float **)calloc((size_t)team, sizeof(float *));
+    if (bufs == NULL) return 1;
     int failed = 0;
-#pragma omp parallel num_threads(windows < threads ? (int)(windows > 0 ? windows : 1) : threads)
+#pragma omp parallel num_threads(team)
     {
     float *buf = (float *)calloc((size_t)floats, sizeof(float)); /* padding rows and columns stay zero */
     if (buf == NULL) {
 #pragma omp atomic write
         failed = 1;
     }
+    bufs[THREAD_NUM()] = buf;
     float *qs = buf, *go = qs + nq * dp, *kr = go + nq * dp, *kt = kr + np * dp, *vt = kt + dp * np;
     float *p = vt + dp * np, *ds = p + nq * np, *acc = ds + nq * np, *tmp = acc + heads * n * n, *accpad = tmp + dp;
 #pragma omp for schedule(static)
@@ -178,14 +191,15 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
             }
         }
     }
-    if (buf != NULL) {
-#pragma omp critical
-        {
-            for (int64_t e = 0; e < heads * n * n; e++) dpos[e] += acc[e];
-            for (int64_t e = 0; rows != NULL && e < row; e++) dpad[e] += accpad[e];
-        }
     }
-    free(buf);
+    const int64_t acc_at = 2 * nq * dp + np * dp + 2 * dp * np + 2 * nq * np; /* acc's offset in a buffer */
+    for (int t = 0; t < team; t++) {
+        if (bufs[t] == NULL) continue;
+        const float *acc = bufs[t] + acc_at, *accpad = acc + heads * n * n + dp;
+        for (int64_t e = 0; e < heads * n * n; e++) dpos[e] += acc[e];
+        for (int64_t e = 0; rows != NULL && e < row; e++) dpad[e] += accpad[e];
+        free(bufs[t]);
     }
+    free(bufs);
     return failed;
 }

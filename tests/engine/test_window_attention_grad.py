@@ -80,9 +80,10 @@ def test_gradients_equal_the_formulation(shape, dtype, kernel):
     assert rel_err(dpos.double(), want_pos) <= _bound(n, d)
 
 
+@pytest.mark.parametrize('shape', [(8, 3, 49, 32, 4), (4, 2, 50, 24, 2), (5, 3, 10, 5, 1), (3, 1, 1, 16, 1)])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('isa', list(build.ISA_FLAGS))
-def test_every_isa_build_computes_the_same_gradient(isa, dtype):
+def test_every_isa_build_computes_the_same_gradient(isa, dtype, shape):
     """Each vector width (16, 8, 4 floats) is its own build; the CPU may only run the ones it supports."""
     needs = {'AVX512_BF16': torch.cpu._is_avx512_bf16_supported(), 'AVX512': torch.cpu._is_avx512_supported(),
              'AVX2': torch.cpu._is_avx2_supported(), 'DEFAULT': True}
@@ -94,10 +95,11 @@ def test_every_isa_build_computes_the_same_gradient(isa, dtype):
         pytest.skip(f'no {isa} build: {e}')
     fn = getattr(lib, f'mmplugin_window_attention_grad_{wa._SUFFIX[dtype]}')
     fn.argtypes, fn.restype = wa._GRAD_ARGS, ctypes.c_int
-    bw, heads, n, d, nw = 8, 3, 49, 32, 4
+    bw, heads, n, d, nw = shape  # head dimensions and token counts that fill no vector of each width
     qkv, pos, mask, grad = (t.to(dtype) if i in (0, 3) else t for i, t in enumerate(_inputs(bw, heads, n, d, nw, 3)))
     dqkv, dpos = torch.empty_like(qkv), torch.zeros(heads, n, n)
-    assert fn(qkv.data_ptr(), grad.data_ptr(), pos.data_ptr(), mask.data_ptr(), bw, nw, heads, n, d, d**-0.5,
+    assert fn(qkv.data_ptr(), grad.data_ptr(), pos.data_ptr(), None if mask is None else mask.data_ptr(), bw, nw,
+              heads, n, d, d**-0.5,
               dqkv.data_ptr(), dpos.data_ptr(), None, None, 0, None, 2) == 0
     want_qkv, want_pos = reference_grads(qkv, pos, mask, grad, heads, d**-0.5)
     rounding = U_BF16 if dtype == torch.bfloat16 else 0
@@ -129,16 +131,18 @@ def test_nan_reaches_the_formulations_gradients(where, masked, kernel):
 
 def test_threads_change_only_the_bias_gradients_summation(kernel):
     """Windows are split over the OpenMP threads: the projection's gradient is the same bit for bit on any thread
-    count; the bias gradient sums the threads' partial sums, in an order that depends on the count."""
+    count; the bias gradient sums the threads' partial sums in thread order, so it depends on the thread count
+    only, and repeated calls give the same bits (as ``torch.use_deterministic_algorithms`` users expect)."""
     qkv, pos, mask, grad = _inputs(24, 3, 49, 32, 6, seed=7)
     before, outs = torch.get_num_threads(), []
     try:
-        for threads in (1, 3):
+        for threads in (1, 3, 3, 3, 3):
             torch.set_num_threads(threads)
             outs.append(wa.window_attention_grad(qkv, grad, pos, mask, 3, 32**-0.5))
     finally:
         torch.set_num_threads(before)
-    assert torch.equal(outs[0][0], outs[1][0]) and rel_err(outs[0][1], outs[1][1]) <= _bound(49, 32)
+    assert all(torch.equal(outs[0][0], o[0]) for o in outs) and rel_err(outs[0][1], outs[1][1]) <= _bound(49, 32)
+    assert all(torch.equal(outs[1][1], o[1]) for o in outs[2:])
 
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
@@ -176,6 +180,18 @@ def test_map_layout_gradient_equals_partition_and_reverse(hw, shift, dtype, kern
         assert got.shape == ref.shape and rel_err(got.double(), ref) <= _bound(n, d) + r
 
 
+def test_python_dispatch_modes_see_pytorchs_own_ops(kernel):
+    """A training forward under a Python dispatch mode (``FlopCounterMode``, fake tensors) cannot run a raw-pointer
+    kernel: it takes the batched products, which the mode sees and counts."""
+    from torch.utils.flop_counter import FlopCounterMode
+    arch = dict(embed_dims=32, depths=[2, 2], num_heads=[1, 2])
+    model = SwinTransformer(arch, window_size=7, drop_path_rate=0.0, out_indices=(0, 1)).train()
+    with FlopCounterMode(display=False) as counter:
+        outs = model(torch.randn(1, 3, 64, 64))
+    sum(o.sum() for o in outs).backward()
+    assert counter.get_flop_counts()['Global'].get(torch.ops.aten.bmm, 0) > 0
+
+
 def test_bad_layouts_are_errors(kernel):
     qkv, pos, mask, grad = _inputs(4, 2, 49, 32, 2)
     with pytest.raises(ValueError, match='contiguous fp32 or bf16'):
@@ -206,7 +222,7 @@ def test_fp32_training_attention_is_the_kernel_and_first_order_only(kernel):
     packed = qkv.view(b * nw, n, 3, heads, d).permute(2, 0, 3, 1, 4)
     out = recompute.window_softmax_attention(*packed.unbind(0), pos.float().detach(), None, b, d**-0.5, packed)
     (g, ) = torch.autograd.grad(out.pow(2).sum(), qkv, create_graph=True)
-    with pytest.raises(RuntimeError, match='once_differentiable|does not require grad'):
+    with pytest.raises(RuntimeError, match='once_differentiable'):
         g.sum().backward()
 
 

@@ -32,6 +32,7 @@ from torch.autograd.function import once_differentiable
 
 from mmplugin.models.layers.gemm import input_grad, product
 from mmplugin.models.layers.precision import REDUCED_DTYPES, autocast_dtype
+from mmplugin.ops.eligible import eager_context, plain_cpu
 from mmplugin.ops.window_attention import available as kernel_available
 from mmplugin.ops.window_attention import (
     map_window_attention,
@@ -41,7 +42,7 @@ from mmplugin.ops.window_attention import (
 )
 
 __all__ = ['recompute_applies', 'layer_norm_linear', 'gelu_linear', 'window_softmax', 'window_softmax_attention',
-           'map_attention_dtype', 'map_window_softmax_attention']
+           'map_attention_dtype', 'map_window_softmax_attention', 'kernel_context']
 
 _DTYPES = (torch.float32, torch.float64)
 
@@ -63,10 +64,12 @@ def _eager_cpu_training(x: torch.Tensor, params) -> bool:
 
 
 def map_attention_dtype(x: torch.Tensor, *params: torch.Tensor | None) -> torch.dtype | None:
-    """The dtype in which :func:`map_window_softmax_attention` would serve an attention on the map ``x`` with
-    ``params``: fp32 in eager fp32 CPU training (as :func:`recompute_applies`), bf16 under CPU bf16 autocast (the
-    projection's output then is bf16, whether ``x`` is fp32 or bf16; the kernels compute in fp32 and round the output
-    and the gradient once, where autocast's products would round the probabilities too); None elsewhere."""
+    """The dtype in which :func:`map_window_softmax_attention` would serve an attention on the map ``x`` with the
+    q, k, v projection's ``params``: fp32 in eager fp32 CPU training (as :func:`recompute_applies`), bf16 under CPU
+    bf16 autocast (the projection's output then is bf16, whether ``x`` is fp32 or bf16; the kernels compute in fp32,
+    the forward rounding the output once, and on AVX512-BF16 CPUs the probabilities to bf16 for their product with
+    v, as autocast's bf16 product does; the backward recomputes the probabilities in fp32 and rounds the gradient
+    once); None elsewhere."""
     if not _eager_cpu_training(x, params):
         return None
     if not torch.is_autocast_enabled('cpu'):
@@ -290,8 +293,9 @@ def map_window_softmax_attention(qkv: torch.Tensor, pad: torch.Tensor, rows: tor
     Returns ``(B, L, C)``.
     """
     if not (qkv.dtype == pad.dtype and qkv.dtype in (torch.float32, torch.bfloat16) and pos.dtype == torch.float32
-            and (mask is None or mask.is_floating_point()) and qkv.dim() == 3 and qkv.is_contiguous()
-            and _eager_cpu_training(qkv, (pad, pos)) and kernel_available()):  # the mask's 0 and -100: exact in any
+            and (mask is None or mask.is_floating_point())  # the mask's 0 and -100: exact in any float type
+            and qkv.dim() == 3 and qkv.is_contiguous() and _eager_cpu_training(qkv, (pad, pos))
+            and kernel_context(qkv, pad, pos, rows, mask)):
         return None
     return _KernelMapAttention.apply(qkv, pad, pos, rows, mask, heads, scale)
 
@@ -301,7 +305,13 @@ def _kernel_applies(packed: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor 
     ``(B*nW, N, 3, heads, d)`` projection (the backward reads and writes that layout), an fp32 bias and mask, and
     the kernels built."""
     return (packed.dtype == pos.dtype == torch.float32 and (mask is None or mask.dtype == torch.float32)
-            and packed.permute(1, 3, 0, 2, 4).is_contiguous() and kernel_available())
+            and packed.permute(1, 3, 0, 2, 4).is_contiguous() and kernel_context(packed, pos, mask))
+
+
+def kernel_context(*tensors: torch.Tensor | None) -> bool:
+    """The kernels can run on ``tensors`` here: built, an eager context (no trace, export, compile or Python dispatch
+    mode such as ``FlopCounterMode`` or fake tensors) and real CPU memory (:mod:`mmplugin.ops.eligible`)."""
+    return eager_context() and all(plain_cpu(t) for t in tensors) and kernel_available()
 
 
 def window_softmax_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,

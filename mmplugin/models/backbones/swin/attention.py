@@ -40,6 +40,7 @@ from mmplugin.models.backbones.swin.windows import (
 from mmplugin.models.layers.fusion import linear, linear_add
 from mmplugin.models.layers.precision import fp32_normalize
 from mmplugin.models.layers.recompute import (
+    kernel_context,
     map_attention_dtype,
     map_window_softmax_attention,
     window_softmax,
@@ -184,7 +185,7 @@ class WindowAttentionBase(nn.Module):
         b = x.shape[0]
         out = self._map_attention(x, geom)  # (B, H, W, C) where the fused kernel ran (CPU inference), else None
         if out is None:
-            out = self._map_training_attention(x, geom)  # the same for fp32 CPU training
+            out = self._map_training_attention(x, geom)  # the same for CPU training (fp32, bf16 autocast)
         if out is None:
             packed, q, k, v = _split_heads(geom.partition_projected(x, self.project), self.num_heads)
             scale, cosine = self.attention_scales()
@@ -201,8 +202,9 @@ class WindowAttentionBase(nn.Module):
         (:func:`mmplugin.models.layers.recompute.map_window_softmax_attention`: the kernels' forward and backward on
         the map's real tokens, no partition or reverse); None where it does not apply (dropout, V2's cosine
         attention, fp16, tracing)."""
-        if (geom.traced or self.attn_drop or self.proj_drop.p or map_attention_dtype(x, *self.parameters()) is None
-                or not kernel_available()):
+        feeds = [p for name, p in self.named_parameters() if not name.startswith('proj.')]  # what q, k, v depend on
+        if (geom.traced or self.attn_drop or self.proj_drop.p or map_attention_dtype(x, *feeds) is None
+                or not kernel_context(x, geom.mask)):
             return None  # decided before the projection, so a fallback never projects twice
         scale, cosine = self.attention_scales()
         if cosine is not None:
