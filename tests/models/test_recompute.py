@@ -256,7 +256,7 @@ def test_swin_training_hands_the_projection_over_packed(v2, monkeypatch):
     projection in its own layout.)"""
     from mmplugin.models.backbones.swin import attention
     monkeypatch.setattr(recompute, '_kernel_applies', lambda *a: False)
-    monkeypatch.setattr(attention, 'kernel_available', lambda: False)
+    monkeypatch.setattr(attention, 'kernel_context', lambda *t: False)
     packed = []
     fwd = recompute._WindowAttention.forward
     monkeypatch.setattr(recompute._WindowAttention, 'forward',
