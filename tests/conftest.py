@@ -30,6 +30,25 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / 'configs'
 
 
+def isa_kernel(library: str, isa: str, function: str, argtypes: list):
+    """``function`` of the plugin's C ``library`` built for the vector ``isa`` (a key of
+    :data:`mmplugin.ops.build.ISA_FLAGS`), typed with ``argtypes``; the test skips where this CPU cannot run that
+    ISA's code or the build fails (no compiler, no bf16 instructions in it)."""
+    import ctypes
+
+    from mmplugin.ops import build
+    runs = {'AVX512_BF16': torch.cpu._is_avx512_bf16_supported(), 'AVX512': torch.cpu._is_avx512_supported(),
+            'AVX2': torch.cpu._is_avx2_supported(), 'DEFAULT': True}
+    if not runs[isa]:
+        pytest.skip(f'this CPU cannot run {isa} code')
+    try:
+        fn = getattr(build.load_kernels(library, isa), function)
+    except build.KernelUnavailable as e:
+        pytest.skip(f'no {isa} build: {e}')
+    fn.argtypes, fn.restype = argtypes, ctypes.c_int
+    return fn
+
+
 def with_env_dump(text: str, work_dir: Path | None = None) -> str:
     """``text`` plus the run logs it names: the tools print mmengine's environment and config dump (world size,
     launcher, wrapper types) to the log file only, behind one ``environment and config: FILE`` line.

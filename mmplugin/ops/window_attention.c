@@ -153,6 +153,21 @@ static inline uint16_t f32_to_bf16(float f) {
 
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+/* Softmax numerators of one score row in place, exp(s_j - mx) over its np columns, and their sum: exp(-inf) = 0 for
+ * the padded columns; a NaN or infinite maximum gives a NaN row, as the formulation. */
+static inline float exp_row(float *s, int64_t np, float mx) {
+    const vf m = splat(mx);
+    vf sum = splat(0.0f);
+    for (int64_t j = 0; j < np; j += VW) {
+        vf x;
+        memcpy(&x, s + j, sizeof(vf));
+        x = vexp(x - m);
+        sum += x;
+        memcpy(s + j, &x, sizeof(vf));
+    }
+    return hsum(sum);
+}
+
 /* The scores of `rows` query rows in one block of KV * VW columns: scale * acc + bias (acc: ROWS x KV vectors of
  * sums, fp32 or the dot-product build's, the same bits), their running row maxima in rmax, stored to scores (rows of
  * np); bias points at the block's first row. */
@@ -210,24 +225,8 @@ static void attend_unit(const float *qp, const float *kt, const float *vp, const
             }
             biased_scores(acc, 1.0f, bias + i0 * np, rows, np, c0, rmax, scores);
         }
-        /* softmax numerators in place: exp(-inf) = 0 for the padded columns; a NaN or infinite maximum gives a NaN
-         * row, as the formulation */
-        float sums[ROWS];
-        for (int r = 0; r < ROWS; r++) {
-            sums[r] = 1.0f;
-            if (r >= rows) continue;
-            float *s = scores + r * np;
-            const vf mx = splat(hmax(rmax[r]));
-            vf sum = splat(0.0f);
-            for (int64_t j = 0; j < np; j += VW) {
-                vf x;
-                memcpy(&x, s + j, sizeof(vf));
-                x = vexp(x - mx);
-                sum += x;
-                memcpy(s + j, &x, sizeof(vf));
-            }
-            sums[r] = hsum(sum);
-        }
+        float sums[ROWS]; /* softmax numerators in place */
+        for (int r = 0; r < ROWS; r++) sums[r] = r < rows ? exp_row(scores + r * np, np, hmax(rmax[r])) : 1.0f;
         /* numerators x values, DV * VW dims at a time, divided by the row's sum */
         for (int64_t c0 = 0; c0 < dp; c0 += DV * VW) {
             vf acc[ROWS][DV];

@@ -117,16 +117,7 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
                     memcpy(&x, pi + j, sizeof(vf));
                     mx = vmax(mx, x);
                 }
-                const vf m = splat(hmax(mx));
-                vf sum = splat(0.0f);
-                for (int64_t j = 0; j < np; j += VW) {
-                    vf x;
-                    memcpy(&x, pi + j, sizeof(vf));
-                    x = vexp(x - m);
-                    sum += x;
-                    memcpy(pi + j, &x, sizeof(vf));
-                }
-                const vf inv = splat(1.0f / hsum(sum));
+                const vf inv = splat(1.0f / exp_row(pi, np, hmax(mx)));
                 vf dot = splat(0.0f);
                 for (int64_t j = 0; j < np; j += VW) {
                     vf x, y;

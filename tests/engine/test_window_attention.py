@@ -5,10 +5,9 @@ shared image-major over a batch, non-finite values reaching exactly the outputs 
 cases it leaves to SDPA."""
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
+from conftest import isa_kernel
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from mmplugin.ops import build
@@ -113,27 +112,13 @@ def test_cosine_attention_equals_the_formulation(dtype, kernel):
     assert rel_error(got.double(), ref) <= fp32 + (U_BF16 if dtype == torch.bfloat16 else 0)
 
 
-def _isa_lib(isa, suffix):
-    try:
-        lib = build.load_kernels('window_attention', isa)
-    except build.KernelUnavailable as e:
-        pytest.skip(f'no {isa} build: {e}')
-    fn = getattr(lib, f'mmplugin_window_attention_{suffix}')
-    fn.argtypes, fn.restype = wa._ARGS, ctypes.c_int
-    return fn
-
-
 @pytest.mark.numeric
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('isa', list(build.ISA_FLAGS))
 def test_every_isa_build_computes_the_same_function(isa, dtype):
     """Each vector width (16, 8, 4 floats) is its own build, and AVX-512 with the bf16 dot products (bf16 operands
     multiplied two per lane) another; the CPU may only run the ones it supports."""
-    needs = {'AVX512_BF16': torch.cpu._is_avx512_bf16_supported(), 'AVX512': torch.cpu._is_avx512_supported(),
-             'AVX2': torch.cpu._is_avx2_supported(), 'DEFAULT': True}
-    if not needs[isa]:
-        pytest.skip(f'this CPU cannot run {isa} code')
-    fn = _isa_lib(isa, wa._SUFFIX[dtype])
+    fn = isa_kernel('window_attention', isa, f'mmplugin_window_attention_{wa._SUFFIX[dtype]}', wa._ARGS)
     bw, heads, n, d = 8, 3, 49, 32
     q, k, v = qkv_views(bw, heads, n, d, seed=3, dtype=dtype)
     pos, mask = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(2)), shift_mask(4, n)

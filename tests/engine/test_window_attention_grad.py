@@ -5,11 +5,9 @@ over a batch, token counts and head dimensions that fill no vector, NaN reaching
 reaches, and a Swin training step's gradients against the official formulation."""
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
-from conftest import randomize_, rel_err
+from conftest import isa_kernel, randomize_, rel_err
 
 from mmplugin.models.backbones import SwinTransformer
 from mmplugin.models.layers import recompute
@@ -85,16 +83,7 @@ def test_gradients_equal_the_formulation(shape, dtype, kernel):
 @pytest.mark.parametrize('isa', list(build.ISA_FLAGS))
 def test_every_isa_build_computes_the_same_gradient(isa, dtype, shape):
     """Each vector width (16, 8, 4 floats) is its own build; the CPU may only run the ones it supports."""
-    needs = {'AVX512_BF16': torch.cpu._is_avx512_bf16_supported(), 'AVX512': torch.cpu._is_avx512_supported(),
-             'AVX2': torch.cpu._is_avx2_supported(), 'DEFAULT': True}
-    if not needs[isa]:
-        pytest.skip(f'this CPU cannot run {isa} code')
-    try:
-        lib = build.load_kernels('window_attention', isa)
-    except build.KernelUnavailable as e:
-        pytest.skip(f'no {isa} build: {e}')
-    fn = getattr(lib, f'mmplugin_window_attention_grad_{wa._SUFFIX[dtype]}')
-    fn.argtypes, fn.restype = wa._GRAD_ARGS, ctypes.c_int
+    fn = isa_kernel('window_attention', isa, f'mmplugin_window_attention_grad_{wa._SUFFIX[dtype]}', wa._GRAD_ARGS)
     bw, heads, n, d, nw = shape  # head dimensions and token counts that fill no vector of each width
     qkv, pos, mask, grad = (t.to(dtype) if i in (0, 3) else t for i, t in enumerate(_inputs(bw, heads, n, d, nw, 3)))
     dqkv, dpos = torch.empty_like(qkv), torch.zeros(heads, n, n)
