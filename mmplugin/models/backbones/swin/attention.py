@@ -146,9 +146,9 @@ class WindowAttentionBase(nn.Module):
     ``forward``: :meth:`project` into the windows' q, k, v (on the real tokens only:
     :meth:`~.windows.WindowGeometry.partition_projected`), split into heads -> SDPA with :meth:`attention_scales` and
     :meth:`position_bias` (plus the shift mask) -> reverse -> ``proj`` (+ the block's residual, inside the ``proj``
-    GEMM at CPU inference). CPU inference runs the fused kernel on the map's tokens instead (:meth:`_map_attention`).
-    Subclasses create ``proj`` (``nn.Linear(C, C)``), their parameters and the hooks :meth:`project`,
-    :meth:`attention_scales`, ``position_bias``.
+    GEMM at CPU inference). CPU inference and training run the fused kernels on the map's tokens instead
+    (:meth:`_map_attention`). Subclasses create ``proj`` (``nn.Linear(C, C)``), their parameters and the hooks
+    :meth:`project`, :meth:`attention_scales`, ``position_bias``.
 
     Args:
         num_heads (int): heads. window_size (int): ws, the configured window.
@@ -183,9 +183,7 @@ class WindowAttentionBase(nn.Module):
         inside the ``proj`` GEMM (:func:`mmplugin.models.layers.fusion.linear_add`), with no separate pass over the
         map."""
         b = x.shape[0]
-        out = self._map_attention(x, geom)  # (B, H, W, C) where the fused kernel ran (CPU inference), else None
-        if out is None:
-            out = self._map_training_attention(x, geom)  # the same for CPU training (fp32, bf16 autocast)
+        out = self._map_attention(x, geom)  # (B, H, W, C) where the fused kernel ran (CPU), else None
         if out is None:
             packed, q, k, v = _split_heads(geom.partition_projected(x, self.project), self.num_heads)
             scale, cosine = self.attention_scales()
@@ -197,44 +195,40 @@ class WindowAttentionBase(nn.Module):
             out = geom.reverse(out, b)
         return linear(out, self.proj) if residual is None else linear_add(out, self.proj, residual)
 
-    def _map_training_attention(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor | None:
-        """CPU training in fp32 or bf16 autocast: :meth:`_map_attention`'s layout with a gradient
-        (:func:`mmplugin.models.layers.recompute.map_window_softmax_attention`: the kernels' forward and backward on
-        the map's real tokens, no partition or reverse); None where it does not apply (dropout, V2's cosine
-        attention, fp16, tracing)."""
-        feeds = [p for name, p in self.named_parameters() if not name.startswith('proj.')]  # what q, k, v depend on
-        if (geom.traced or self.attn_drop or self.proj_drop.p or map_attention_dtype(x, *feeds) is None
-                or not kernel_context(x, geom.mask)):
-            return None  # decided before the projection, so a fallback never projects twice
-        scale, cosine = self.attention_scales()
-        if cosine is not None:
-            return None
-        b, h, w, c = x.shape
-        qkv = self.project(x.reshape(b, h * w, c))
-        pad = self.project(x.new_zeros(1, c)).view(-1)  # a padding token's q, k, v (the projection's bias)
-        pos = self.position_bias(geom.ws).unsqueeze(0)
-        out = map_window_softmax_attention(qkv, pad, geom.map_rows(), self.num_heads, pos, geom.mask,
-                                           (c // self.num_heads)**-0.5 if scale is None else scale)
-        return None if out is None else out.view(b, h, w, c)
-
     def _map_attention(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor | None:
-        """CPU inference: q, k, v of the map's real tokens, attended by the fused kernel in place of partition, padding
-        and reverse (:func:`mmplugin.ops.window_attention.map_window_attention`); None where it does not apply."""
-        if (x.device.type != 'cpu' or torch.is_grad_enabled() or geom.traced or torch.compiler.is_compiling()
-                or (self.training and (self.attn_drop or self.proj_drop.p))):
+        """q, k, v of the map's real tokens, attended by the plugin's kernel in place of partition, padding and reverse
+        (:func:`mmplugin.ops.window_attention.map_window_attention`): at CPU inference (fp32, bf16), and in CPU
+        training (fp32, bf16 autocast; V1 without dropout) with the kernels' backward
+        (:func:`mmplugin.models.layers.recompute.map_window_softmax_attention`). Returns ``(B, H, W, C)``, or None
+        where they do not apply (decided before the projection, so a fallback never projects twice)."""
+        training = torch.is_grad_enabled()
+        if x.device.type != 'cpu' or geom.traced or torch.compiler.is_compiling():
             return None
-        low = torch.get_autocast_dtype('cpu') if torch.is_autocast_enabled('cpu') else x.dtype
-        if low not in (torch.float32, torch.bfloat16) or not kernel_available():
-            return None  # decided before the projection, so a fallback never projects twice
+        if training:
+            feeds = [p for name, p in self.named_parameters() if not name.startswith('proj.')]  # what q, k, v need
+            if (self.attn_drop or self.proj_drop.p or map_attention_dtype(x, *feeds) is None
+                    or not kernel_context(x, geom.mask)):
+                return None
+        else:
+            low = torch.get_autocast_dtype('cpu') if torch.is_autocast_enabled('cpu') else x.dtype
+            if (self.training and (self.attn_drop or self.proj_drop.p)) or low not in (torch.float32, torch.bfloat16) \
+                    or not kernel_available():
+                return None
+        scale, cosine = self.attention_scales()
+        if training and cosine is not None:
+            return None
         b, h, w, c = x.shape
         qkv = self.project(x.reshape(b, h * w, c))
         if not qkv.is_contiguous():
             return None
         pad = self.project(x.new_zeros(1, c)).view(-1)  # a padding token's q, k, v (the projection's bias)
-        scale, cosine = self.attention_scales()
         pos = self.position_bias(geom.ws)
-        out = map_window_attention(qkv, pad.to(qkv.dtype), geom.map_rows(), self.num_heads, pos, geom.mask, scale,
-                                   cosine)
+        if training:
+            out = map_window_softmax_attention(qkv, pad, geom.map_rows(), self.num_heads, pos.unsqueeze(0), geom.mask,
+                                               (c // self.num_heads)**-0.5 if scale is None else scale)
+        else:
+            out = map_window_attention(qkv, pad.to(qkv.dtype), geom.map_rows(), self.num_heads, pos, geom.mask,
+                                       scale, cosine)
         return None if out is None else out.view(b, h, w, c)
 
 
