@@ -178,6 +178,7 @@ def _openvino_call(ov, onnx_path: str, x: torch.Tensor, hint: str, outs: dict):
 
 
 BLAS_ROW = 'mmplugin, linears on BLAS'
+ONEDNN_ROW = 'mmplugin, linears on oneDNN'
 COMPILED_ROW = 'mmplugin compiled'
 
 
@@ -189,9 +190,9 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
     in a fresh process (:func:`mmplugin.analysis.memory.peak_memory`, plugin and first peer, with and without
     activation checkpointing).
 
-    Where oneDNN serves the plugin's fp32 training linears (:mod:`mmplugin.models.layers.gemm`), the same fp32 step
-    with them on torch's BLAS (``F.linear``) runs in the same rounds too (row :data:`BLAS_ROW`): what the kernel
-    choice is worth on this CPU.
+    Where oneDNN is available, the same fp32 step with the plugin's training linears on the kernel this CPU does not
+    use by default (:mod:`mmplugin.models.layers.gemm`: oneDNN, or on Intel CPUs torch's BLAS) runs in the same
+    rounds too (row :data:`BLAS_ROW` or :data:`ONEDNN_ROW`): what the kernel choice is worth on this CPU.
 
     With ``compiled``, the plugin's step with the model under ``torch.compile`` (inductor, forward and backward
     graphs; a copy of the model with its own optimizer, compiled by one untimed step per precision before the
@@ -257,10 +258,12 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
             print(f'  training step compiled ({dtype or torch.float32}) in {time.perf_counter() - t:.0f} s', flush=True)
             fns[(COMPILED_ROW, 'bf16 autocast' if dtype else 'fp32')] = step
     if gemm_module._AVAILABLE and 'mmplugin' in same:
-        def blas_step(step=fns[('mmplugin', 'fp32')]):
-            with gemm_module.onednn_training_gemms(False):
+        other = not gemm_module._ENABLED  # the kernel the plugin's step does not use
+
+        def other_step(step=fns[('mmplugin', 'fp32')]):
+            with gemm_module.onednn_training_gemms(other):
                 step()
-        fns[(BLAS_ROW, 'fp32')] = blas_step
+        fns[(ONEDNN_ROW if other else BLAS_ROW, 'fp32')] = other_step
     times = {}
     for p in precisions:
         # each precision in rounds of its own: an fp32 step interleaved with bf16 steps ran up to 1.4x slower than
@@ -274,7 +277,8 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
         first.setdefault(precision, sec)
         rows.append(dict(backbone=f'{family} {arch}', impl=name, precision=precision, seconds=sec,
                          ratio=first[precision] / sec,
-                         gemm_ratio=sec / gemm[precision] if name in ('mmplugin', BLAS_ROW, COMPILED_ROW) else None,
+                         gemm_ratio=sec / gemm[precision] if name in ('mmplugin', BLAS_ROW, ONEDNN_ROW, COMPILED_ROW)
+                         else None,
                          peak_mib=None, mem_ratio=None, size=list(size)))
     for p, sec in gemm.items():
         rows.append(dict(backbone=f'{family} {arch}', impl='GEMMs alone (forward + both gradients)', precision=p,

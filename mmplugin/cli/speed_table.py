@@ -97,7 +97,8 @@ def main(argv=None):
     p.add_argument('--train', nargs='?', const='512x768', default=None, metavar='HxW',
                    help='also time backbone training steps (batch 2, forward + backward + AdamW; default 512x768) '
                         'and their peak memory (fresh processes, with and without activation checkpointing); the '
-                        "plugin's fp32 step also with its linears on BLAS instead of oneDNN, where oneDNN serves them")
+                        "plugin's fp32 step also with its linears on the kernel this CPU does not use by default "
+                        "(oneDNN or, on Intel CPUs, BLAS)")
     p.add_argument('--train-detector', nargs='*', default=[], metavar='CONFIG[@HxW]',
                    help='Swin V1 detector configs whose whole training step (batch 2, AdamW, fp32) is timed with the '
                         "plugin's backbone and with mmdet's SwinTransformer (same weights, data and sampling), with "

@@ -18,7 +18,7 @@ import platform
 
 import torch
 
-__all__ = ['cpu_flags', 'cpu_model', 'kernel_family', 'native_bf16', 'lower_isa_envs', 'describe']
+__all__ = ['cpu_flags', 'cpu_model', 'cpu_vendor', 'kernel_family', 'native_bf16', 'lower_isa_envs', 'describe']
 
 # Families from newest to oldest: (name, cpuinfo flags that make it, the env that caps a process at it).
 _FAMILIES = (
@@ -40,6 +40,18 @@ def cpu_flags() -> set[str]:
     except OSError:
         pass
     return set()
+
+
+def cpu_vendor() -> str:
+    """``vendor_id`` of CPU 0 (``'GenuineIntel'``, ``'AuthenticAMD'``, ...), ``''`` where ``/proc/cpuinfo`` has none."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('vendor_id'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return ''
 
 
 def cpu_model() -> str:

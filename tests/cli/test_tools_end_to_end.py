@@ -106,15 +106,16 @@ def test_speed_table_training_rows(capsys):
     """--train: one timed training step per implementation of the same function (mmdet's Swin first) and the
     plugin's GEMM-only step, then peak memory of a step in fresh processes, the plugin's with and without activation
     checkpointing, as ratios to the first. Where oneDNN serves the plugin's fp32 training linears, the same step with
-    them on BLAS is timed beside it (what the kernel choice is worth)."""
-    from mmplugin.analysis.speed import BLAS_ROW
+    them on BLAS is timed beside it, and on Intel CPUs, where BLAS serves them, the same step on oneDNN (what the kernel
+    choice is worth)."""
+    from mmplugin.analysis.speed import BLAS_ROW, ONEDNN_ROW
     from mmplugin.cli import speed_table
     from mmplugin.models.layers import gemm
     _, _, train, _ = speed_table.main(['--size', '64x96', '--rounds', '1', '--runtimes', 'eager', '--models',
                                     'swin:tiny', '--bf16', 'off', '--train', '64x96'])
     timed = [r for r in train if r['seconds'] is not None]
     gemms = 'GEMMs alone (forward + both gradients)'
-    blas = [BLAS_ROW] if gemm._AVAILABLE else []
+    blas = [BLAS_ROW if gemm._ENABLED else ONEDNN_ROW] if gemm._AVAILABLE else []
     assert [r['impl'] for r in timed] == ['mmdet-swin', 'mmplugin', *blas, gemms] and timed[0]['ratio'] == 1.0
     # the plugin's step over its own GEMM-only step, timed in the same rounds; no such ratio for a peer
     assert timed[1]['gemm_ratio'] == pytest.approx(timed[1]['seconds'] / timed[-1]['seconds'])

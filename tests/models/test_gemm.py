@@ -1,7 +1,11 @@
 """fp32 CPU training linears on oneDNN (:mod:`mmplugin.models.layers.gemm`): the same function as ``F.linear``
 and its gradients, checked against float64 within the worst-case rounding bound of an fp32 inner product, on
-every kernel family; NaN where ``F.linear`` has it; higher derivatives; where the path applies and where not."""
+every kernel family; NaN where ``F.linear`` has it; higher derivatives; where the path applies and where not; the
+default kernel by CPU vendor. The oneDNN path is switched on for every test (on Intel CPUs it is off by default)."""
 from __future__ import annotations
+
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -13,6 +17,29 @@ from mmplugin.models.layers import gemm
 from mmplugin.models.layers.gemm import onednn_training_gemms, train_linear
 
 pytestmark = pytest.mark.skipif(not gemm._AVAILABLE, reason='torch built without oneDNN')
+
+
+@pytest.fixture(autouse=True)
+def _onednn_on():
+    with onednn_training_gemms(True):
+        yield
+
+
+@pytest.mark.parametrize('vendor, onednn', [('GenuineIntel', False), ('AuthenticAMD', True), ('', True)])
+def test_default_kernel_follows_the_cpu_vendor(vendor, onednn, monkeypatch):
+    """BLAS (MKL) on Intel CPUs, oneDNN on AMD and where the vendor is unknown; this process's default is its own
+    CPU's, read from /proc/cpuinfo, and the switch restores it."""
+    from mmplugin.utils import cpu
+    assert gemm.onednn_by_default(vendor) is onednn
+    monkeypatch.setattr(cpu, 'cpu_vendor', lambda: vendor)
+    assert gemm.onednn_by_default() is onednn
+    monkeypatch.undo()
+    with open('/proc/cpuinfo') as f:
+        own = next((line.split(':', 1)[1].strip() for line in f if line.startswith('vendor_id')), '')
+    assert cpu.cpu_vendor() == own
+    fresh = subprocess.run([sys.executable, '-c', 'from mmplugin.models.layers import gemm; print(gemm._ENABLED)'],
+                           capture_output=True, text=True, check=True).stdout.split()[-1]
+    assert fresh == str(own != 'GenuineIntel')  # a new process starts on its own CPU's default
 
 
 def _operands(shape=(2, 37, 48), n=24, seed=0):

@@ -1,5 +1,5 @@
-"""Which kernel serves the linears of an fp32 CPU training step: oneDNN for the forward product and the input
-gradient, torch's BLAS for the weight gradient.
+"""Which kernel serves the linears of an fp32 CPU training step: on AMD and other non-Intel CPUs oneDNN for the
+forward product and the input gradient, torch's BLAS for the weight gradient; on Intel CPUs torch's BLAS throughout.
 
 Why: ``F.linear`` and its autograd backward run on torch's BLAS (MKL in the x86 wheels), whose fp32 kernels on AMD
 CPUs run Swin's thin products well below oneDNN's. Timed alone on AMD EPYC family 25 model 17 (Zen 4), 2 threads,
@@ -8,9 +8,12 @@ Swin-T's stage-1 shapes at 512x768, batch 2 (49,152 tokens), BLAS vs oneDNN in m
 gradient ``dY^T X`` over the 49,152 tokens 19.0 vs 66.5. So the weight gradient stays on BLAS, which reads the
 transposed operand in place (oneDNN's linear would need both operands copied into transposed layout).
 :func:`mmplugin.analysis.gemm_floor.gemm_floor` times both kernels at every shape of a model. On the AVX2 Zen 2 /
-Zen 3 parts measured the two kernels run within 10% of each other, so the choice costs nothing there; on an Intel
-Xeon family 6 model 167 (AMX) a whole fp32 step with the linears on BLAS ran 1.00-1.03x the speed of this form
-(docs/benchmarks.md), within that machine's spread. Swin's fc2 keeps its input gradient on BLAS
+Zen 3 parts measured the two kernels run within 10% of each other, so the choice costs nothing there. On an Intel
+Xeon family 6 model 167 (AMX) MKL is the faster one: the input gradient ``grad @ W`` of Swin-T's stage-4 MLP
+(``3072 x 768`` weight, 3072 tokens) 11.5 ms on BLAS against 14.7 ms on oneDNN with the weight transposed into a copy,
+and a whole fp32 step with the linears on BLAS ran 1.02-1.04x the speed of the oneDNN form in four runs
+(docs/benchmarks.md). So the default follows the CPU vendor (:func:`onednn_by_default`);
+:func:`onednn_training_gemms` overrides it inside a block. Swin's fc2 keeps its input gradient on BLAS
 (:mod:`.recompute`: an ``out=`` buffer).
 
 oneDNN's plain linear (no post-op) keeps NaN and Inf as BLAS does. Applies in eager CPU fp32 autograd without
@@ -26,8 +29,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-__all__ = ['onednn_ops_available', 'onednn_training_gemms', 'onednn_fp32', 'product', 'input_grad', 'trains_on_onednn',
-           'train_linear']
+__all__ = ['onednn_ops_available', 'onednn_by_default', 'onednn_training_gemms', 'onednn_fp32', 'product',
+           'input_grad', 'trains_on_onednn', 'train_linear']
 
 
 def onednn_ops_available(*names: str) -> bool:
@@ -38,8 +41,15 @@ def onednn_ops_available(*names: str) -> bool:
         return False
 
 
+def onednn_by_default(vendor: str | None = None) -> bool:
+    """Whether oneDNN serves the fp32 training linears by default on a CPU of ``vendor`` (``vendor_id``, default
+    this machine's): everywhere but on Intel CPUs, where MKL's fp32 GEMMs are the faster ones (module docstring)."""
+    from mmplugin.utils.cpu import cpu_vendor
+    return (cpu_vendor() if vendor is None else vendor) != 'GenuineIntel'
+
+
 _AVAILABLE = onednn_ops_available('_linear_pointwise')
-_ENABLED = True
+_ENABLED = onednn_by_default()
 
 
 @contextmanager
