@@ -47,109 +47,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifndef MMP_VW
-#define MMP_VW 4
-#endif
-#define VW MMP_VW
+#include "vector_math.h"
+
 #define ROWS (VW >= 16 ? 4 : 2) /* query rows per register block */
 #define KV 4                    /* score vectors per row block: columns are padded to KV * VW */
 #define DV 2                    /* output vectors per row block: head dims are padded to DV * VW */
 #define AHEAD 1                 /* windows between the one computed and the one whose rows are prefetched */
-
-typedef float vf __attribute__((vector_size(VW * 4)));
-typedef int32_t vi __attribute__((vector_size(VW * 4)));
-
-static inline vf splat(float s) {
-    vf v = {s};
-    vi zero = {0};
-    return __builtin_shuffle(v, zero); /* a broadcast */
-}
-
-/* the lane permutations of the reductions below: lane i takes lane i ^ half, for half = VW/2, ..., 1 */
-#if VW == 16
-static const vi FOLDS[] = {{8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7},
-                           {4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11},
-                           {2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13},
-                           {1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14}};
-#elif VW == 8
-static const vi FOLDS[] = {{4, 5, 6, 7, 0, 1, 2, 3}, {2, 3, 0, 1, 6, 7, 4, 5}, {1, 0, 3, 2, 5, 4, 7, 6}};
-#elif VW == 4
-static const vi FOLDS[] = {{2, 3, 0, 1}, {1, 0, 3, 2}};
-#else
-#error "MMP_VW must be 4, 8 or 16"
-#endif
-#define NFOLDS ((int)(sizeof(FOLDS) / sizeof(FOLDS[0])))
-
-static inline vf vbits(vi x) {
-    vf y;
-    memcpy(&y, &x, sizeof(y));
-    return y;
-}
-
-static inline vi ibits(vf x) {
-    vi y;
-    memcpy(&y, &x, sizeof(y));
-    return y;
-}
-
-/* 2^n for integer-valued n in [-126, 127] */
-static inline vf pow2i(vi n) { return vbits((n + 127) << 23); }
-
-/* exp(x) for x <= 0 (scores minus the row's maximum), within 2 ulp of expf: Cody-Waite reduction by ln 2 and a
- * degree-6 polynomial (the constants of Cephes' expf). Results below 2^-126 (x < -87.3, a weight under 1.2e-38
- * against the row's largest weight of 1, far below fp32's resolution of the sum) are flushed to zero rather than
- * computed as subnormals, which cost a microcode assist per lane on some CPUs; -inf gives 0 and NaN stays NaN. */
-static inline vf vexp(vf x) {
-    vi keep = x >= splat(-87.33f); /* false for NaN and below the range */
-    vi nan = x != x;
-    vf xc = vbits(keep & ibits(x)); /* 0 where not kept: no special values in the arithmetic below */
-    vf t = xc * splat(1.44269504088896341f) + splat(12582912.0f); /* round to nearest integer */
-    vf n = t - splat(12582912.0f);
-    vf r = xc - n * splat(0.693359375f);
-    r = r - n * splat(-2.12194440e-4f);
-    vf p = splat(1.9875691500e-4f);
-    p = p * r + splat(1.3981999507e-3f);
-    p = p * r + splat(8.3334519073e-3f);
-    p = p * r + splat(4.1665795894e-2f);
-    p = p * r + splat(1.6666665459e-1f);
-    p = p * r + splat(5.0000001201e-1f);
-    p = p * (r * r) + r + splat(1.0f);
-    vf y = p * pow2i(__builtin_convertvector(n, vi)); /* n in [-126, 0] */
-    y = vbits(ibits(y) & keep);
-    return vbits((ibits(y) & ~nan) | (ibits(x) & nan));
-}
-
-/* lane-wise maximum that keeps NaN: once a lane holds NaN it stays NaN */
-static inline vf vmax(vf m, vf x) {
-    vi take = (x > m) | (x != x);
-    return vbits((take & ibits(x)) | (~take & ibits(m)));
-}
-
-/* horizontal maximum (NaN if a lane is NaN) and sum, as log2(VW) folds */
-static inline float hmax(vf v) {
-    for (int f = 0; f < NFOLDS; f++) v = vmax(v, __builtin_shuffle(v, FOLDS[f]));
-    return v[0];
-}
-
-static inline float hsum(vf v) {
-    for (int f = 0; f < NFOLDS; f++) v += __builtin_shuffle(v, FOLDS[f]);
-    return v[0];
-}
-
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, 4);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN stays a quiet NaN */
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
 
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 

@@ -117,9 +117,9 @@ def test_forward_is_the_plain_ops_bit_for_bit():
 
 @pytest.mark.parametrize('frozen', ['nothing', 'weight', 'input'])
 def test_gelu_linear_backward_equals_autograd_whichever_gradients_are_asked(frozen):
-    """The backward reuses one hidden-map buffer (GELU(h) for the weight gradient, then grad @ W and GELU's
-    backward in place) only when it computed GELU(h): each combination of wanted gradients equals autograd's through
-    the plain ops, float64."""
+    """Each combination of wanted gradients (GELU(h) recomputed only for the weight gradient, GELU's gradient in
+    place on grad @ W) equals autograd's through the plain ops, float64 (PyTorch's GELU ops: the kernel serves fp32
+    and bf16, tests/engine/test_gelu_kernel.py)."""
     h, w, bb = _f64(3, 7, 16, seed=0), _f64(5, 16, seed=1), _f64(5, seed=2)
     if frozen == 'weight':
         w, bb = w.detach(), bb.detach()

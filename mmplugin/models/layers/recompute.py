@@ -33,6 +33,7 @@ from torch.autograd.function import once_differentiable
 from mmplugin.models.layers.gemm import input_grad, product
 from mmplugin.models.layers.precision import REDUCED_DTYPES, autocast_dtype
 from mmplugin.ops.eligible import eager_context, plain_cpu
+from mmplugin.ops.gelu import gelu_grad
 from mmplugin.ops.window_attention import available as kernel_available
 from mmplugin.ops.window_attention import (
     map_window_attention,
@@ -80,7 +81,8 @@ def map_attention_dtype(x: torch.Tensor, *params: torch.Tensor | None) -> torch.
 
 class _GeluLinear(torch.autograd.Function):
     """``F.linear(GELU(h), weight, bias)`` saving ``h`` (not ``GELU(h)``): the backward recomputes ``GELU(h)``
-    for the weight gradient."""
+    for the weight gradient, in the same pass as GELU's gradient where the plugin's kernel runs
+    (:func:`mmplugin.ops.gelu.gelu_grad`: one read of ``h``, erf computed once)."""
 
     @staticmethod
     def forward(ctx, h, weight, bias):
@@ -92,23 +94,22 @@ class _GeluLinear(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         h, weight = ctx.saved_tensors
+        need = ctx.needs_input_grad
         g2 = grad.reshape(-1, grad.shape[-1])  # (M, N)
-        d_h = d_w = d_b = None
-        # one (M, K) buffer serves GELU(h) for the weight gradient, then grad @ W and GELU's backward in place: the
-        # hidden map is the step's widest (4C per token in Swin's MLP, 75 MB in Swin-T's first stage at 512x768,
-        # batch 2), and every fresh map that size is page-faulted in anew
-        buf = None
-        if ctx.needs_input_grad[1]:
-            buf = F.gelu(h)
-            d_w = g2.t().mm(buf.reshape(-1, h.shape[-1]))  # (N, K)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        d_h = d_w = d_b = act = None
+        if need[0]:
+            # grad @ W on BLAS, then GELU's gradient in place (elementwise: exact)
+            d_h = torch.matmul(grad, weight)
+            fused = gelu_grad(h, d_h, act=need[1], out=d_h)
+            if fused is None:
+                torch.ops.aten.gelu_backward.grad_input(d_h, h, grad_input=d_h)
+            else:
+                act = fused[1]
+        if need[1]:
+            act = F.gelu(h) if act is None else act
+            d_w = g2.t().mm(act.reshape(-1, h.shape[-1]))  # (N, K)
+        if ctx.has_bias and need[2]:
             d_b = g2.sum(0)
-        if ctx.needs_input_grad[0]:
-            # on BLAS (not oneDNN, :mod:`.gemm`) for the ``out=`` buffer: oneDNN's linear writes a fresh map, for
-            # the same step time (Swin-T fp32 at 512x768: 3429 vs 3420 ms) and one more hidden map at the peak
-            reuse = buf is not None and buf.is_contiguous()
-            d_h = torch.matmul(grad, weight, out=buf) if reuse else grad.matmul(weight)
-            torch.ops.aten.gelu_backward.grad_input(d_h, h, grad_input=d_h)  # elementwise: in place is exact
         return d_h, d_w, d_b
 
 
