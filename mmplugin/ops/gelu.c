@@ -28,9 +28,6 @@
 
 #define BLOCK 8192 /* elements per parallel work item */
 
-typedef uint16_t vh __attribute__((vector_size(VW * 2)));
-typedef uint32_t vu __attribute__((vector_size(VW * 4)));
-
 static inline vf poly(vf x, const float *c, int terms) { /* c[0] x^(terms-1) + ... + c[terms-1] */
     vf p = splat(c[0]);
     for (int k = 1; k < terms; k++) p = p * x + splat(c[k]);
@@ -60,28 +57,6 @@ static inline vf gelu_and_slope(vf x, vf *act) {
     const vi pinf = x == splat(__builtin_inff()); /* GELU(+inf): NaN, as PyTorch's fp32 / bf16 kernels give it */
     *act = vbits((~pinf & ibits(x * cdf)) | (pinf & ibits(splat(__builtin_nanf("")))));
     return cdf + x * (splat(0.398942280401432678f) * e);
-}
-
-static inline vf load_f32(const float *p) {
-    vf x;
-    memcpy(&x, p, sizeof(vf));
-    return x;
-}
-
-static inline void store_f32(float *p, vf x) { memcpy(p, &x, sizeof(vf)); }
-
-static inline vf load_bf16(const uint16_t *p) {
-    vh b;
-    memcpy(&b, p, sizeof(vh));
-    return vbits(__builtin_convertvector(b, vi) << 16);
-}
-
-static inline void store_bf16(uint16_t *p, vf x) { /* nearest even; NaN stays a quiet NaN */
-    const vu bits = (vu)ibits(x);
-    const vu nan = (vu)((bits & 0x7fffffffu) > 0x7f800000u);
-    const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const vh b = __builtin_convertvector((nan & ((bits >> 16) | 0x40u)) | (~nan & rounded), vh);
-    memcpy(p, &b, sizeof(vh));
 }
 
 #define CAT_(a, b) a##b

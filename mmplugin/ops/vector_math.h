@@ -9,6 +9,33 @@
 
 #ifndef MMP_VW
 #define MMP_VW 4
+/* VW fp32 values <-> lanes */
+static inline vf load_f32(const float *p) {
+    vf x;
+    memcpy(&x, p, sizeof(vf));
+    return x;
+}
+
+static inline void store_f32(float *p, vf x) { memcpy(p, &x, sizeof(vf)); }
+
+/* VW bf16 values (bits) <-> fp32 lanes, rounding to nearest even, NaN kept quiet */
+typedef uint16_t vh __attribute__((vector_size(VW * 2)));
+typedef uint32_t vu __attribute__((vector_size(VW * 4)));
+
+static inline vf load_bf16(const uint16_t *p) {
+    vh b;
+    memcpy(&b, p, sizeof(vh));
+    return vbits(__builtin_convertvector(b, vi) << 16);
+}
+
+static inline void store_bf16(uint16_t *p, vf x) { /* nearest even; NaN stays a quiet NaN */
+    const vu bits = (vu)ibits(x);
+    const vu nan = (vu)((bits & 0x7fffffffu) > 0x7f800000u);
+    const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const vh b = __builtin_convertvector((nan & ((bits >> 16) | 0x40u)) | (~nan & rounded), vh);
+    memcpy(p, &b, sizeof(vh));
+}
+
 #endif
 #define VW MMP_VW
 
@@ -33,6 +60,33 @@ static const vi FOLDS[] = {{4, 5, 6, 7, 0, 1, 2, 3}, {2, 3, 0, 1, 6, 7, 4, 5}, {
 static const vi FOLDS[] = {{2, 3, 0, 1}, {1, 0, 3, 2}};
 #else
 #error "MMP_VW must be 4, 8 or 16"
+/* VW fp32 values <-> lanes */
+static inline vf load_f32(const float *p) {
+    vf x;
+    memcpy(&x, p, sizeof(vf));
+    return x;
+}
+
+static inline void store_f32(float *p, vf x) { memcpy(p, &x, sizeof(vf)); }
+
+/* VW bf16 values (bits) <-> fp32 lanes, rounding to nearest even, NaN kept quiet */
+typedef uint16_t vh __attribute__((vector_size(VW * 2)));
+typedef uint32_t vu __attribute__((vector_size(VW * 4)));
+
+static inline vf load_bf16(const uint16_t *p) {
+    vh b;
+    memcpy(&b, p, sizeof(vh));
+    return vbits(__builtin_convertvector(b, vi) << 16);
+}
+
+static inline void store_bf16(uint16_t *p, vf x) { /* nearest even; NaN stays a quiet NaN */
+    const vu bits = (vu)ibits(x);
+    const vu nan = (vu)((bits & 0x7fffffffu) > 0x7f800000u);
+    const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const vh b = __builtin_convertvector((nan & ((bits >> 16) | 0x40u)) | (~nan & rounded), vh);
+    memcpy(p, &b, sizeof(vh));
+}
+
 #endif
 #define NFOLDS ((int)(sizeof(FOLDS) / sizeof(FOLDS[0])))
 
@@ -105,6 +159,33 @@ static inline uint16_t f32_to_bf16(float f) {
     if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN stays a quiet NaN */
     bits += 0x7fffu + ((bits >> 16) & 1u);
     return (uint16_t)(bits >> 16);
+}
+
+/* VW fp32 values <-> lanes */
+static inline vf load_f32(const float *p) {
+    vf x;
+    memcpy(&x, p, sizeof(vf));
+    return x;
+}
+
+static inline void store_f32(float *p, vf x) { memcpy(p, &x, sizeof(vf)); }
+
+/* VW bf16 values (bits) <-> fp32 lanes, rounding to nearest even, NaN kept quiet */
+typedef uint16_t vh __attribute__((vector_size(VW * 2)));
+typedef uint32_t vu __attribute__((vector_size(VW * 4)));
+
+static inline vf load_bf16(const uint16_t *p) {
+    vh b;
+    memcpy(&b, p, sizeof(vh));
+    return vbits(__builtin_convertvector(b, vi) << 16);
+}
+
+static inline void store_bf16(uint16_t *p, vf x) { /* nearest even; NaN stays a quiet NaN */
+    const vu bits = (vu)ibits(x);
+    const vu nan = (vu)((bits & 0x7fffffffu) > 0x7f800000u);
+    const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const vh b = __builtin_convertvector((nan & ((bits >> 16) | 0x40u)) | (~nan & rounded), vh);
+    memcpy(p, &b, sizeof(vh));
 }
 
 #endif
