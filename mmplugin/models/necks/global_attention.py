@@ -29,6 +29,7 @@ from mmengine.model import BaseModule
 from torch import nn
 
 from mmplugin.models.layers import DropPath, transformer_init_
+from mmplugin.models.layers.low_precision_norm import layer_norm
 from mmplugin.registry import MODELS
 
 
@@ -68,8 +69,8 @@ class GlobalAttentionBlock(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.norm1(x)))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+        x = x + self.drop_path(self.attn(layer_norm(self.norm1, x)))
+        return x + self.drop_path(self.mlp(layer_norm(self.norm2, x)))
 
 
 @MODELS.register_module()
@@ -128,5 +129,5 @@ class GlobalAttentionNeck(BaseModule):
             raise ValueError(f'GlobalAttentionNeck expects the last level as (B, {self.in_channels[-1]}, H, W), '
                              f'got {tuple(x.shape)}: check in_channels against the backbone\'s out_channels')
         b, c, h, w = x.shape
-        tokens = self.norm(self.block(x.flatten(2).transpose(1, 2)))  # (B, H*W, C)
+        tokens = layer_norm(self.norm, self.block(x.flatten(2).transpose(1, 2)))  # (B, H*W, C)
         return (*inputs[:-1], tokens.transpose(1, 2).reshape(b, c, h, w))

@@ -28,6 +28,7 @@ from mmplugin.models.backbones.base import BaseBackbone
 from mmplugin.models.backbones.efficientformer.converter import convert_efficientformer, is_efficientformer
 from mmplugin.models.backbones.metaformer_layout import MetaFormerLayout
 from mmplugin.models.layers import DropPath
+from mmplugin.models.layers.low_precision_norm import layer_norm
 from mmplugin.registry import MODELS
 from mmplugin.utils.errors import ConfigValueError
 
@@ -147,8 +148,8 @@ class AttentionBlock(nn.Module):
         self.layer_scale_2 = nn.Parameter(layer_scale_init * torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.layer_scale_1 * self.token_mixer(self.norm1(x)))
-        return x + self.drop_path(self.layer_scale_2 * self.mlp(self.norm2(x)))
+        x = x + self.drop_path(self.layer_scale_1 * self.token_mixer(layer_norm(self.norm1, x)))
+        return x + self.drop_path(self.layer_scale_2 * self.mlp(layer_norm(self.norm2, x)))
 
 
 class Downsample(nn.Module):

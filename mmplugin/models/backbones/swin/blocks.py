@@ -13,6 +13,7 @@ from mmplugin.models.backbones.swin.windows import WindowGeometry, must_pad, pad
 from mmplugin.models.layers.drop import DropPath
 from mmplugin.models.layers.fusion import linear, linear_act, linear_add
 from mmplugin.models.layers.gemm import train_linear
+from mmplugin.models.layers.low_precision_norm import layer_norm
 from mmplugin.models.layers.recompute import gelu_linear, layer_norm_linear, recompute_applies
 
 __all__ = ['Mlp', 'SwinBlock', 'PatchMerging', 'SwinStage']
@@ -43,7 +44,7 @@ class Mlp(nn.Module):
                  else train_linear(x, self.fc1.weight, self.fc1.bias))
             return gelu_linear(h, self.fc2.weight, self.fc2.bias)
         if norm is not None:
-            x = norm(x)
+            x = layer_norm(norm, x)
         return self.drop(linear(self.drop(linear_act(x, self.fc1, 'gelu')), self.fc2))
 
     def forward_residual(self, x: torch.Tensor, norm: nn.Module, drop_path: nn.Module) -> torch.Tensor:
@@ -53,7 +54,7 @@ class Mlp(nn.Module):
             return x + drop_path(self.forward(x, norm))
         if self.drop.p == 0 and recompute_applies(x, self.fc1.weight, self.fc2.weight):
             return x + self.forward(x, norm)
-        return linear_add(linear_act(norm(x), self.fc1, 'gelu'), self.fc2, x)
+        return linear_add(linear_act(layer_norm(norm, x), self.fc1, 'gelu'), self.fc2, x)
 
 
 class SwinBlock(nn.Module):
@@ -83,12 +84,12 @@ class SwinBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor:
         if self.v2:
-            x = x + self.drop_path(self.norm1(self.attn(x, geom)))
-            return x + self.drop_path(self.norm2(self.mlp(x)))
+            x = x + self.drop_path(layer_norm(self.norm1, self.attn(x, geom)))
+            return x + self.drop_path(layer_norm(self.norm2, self.mlp(x)))
         if self.training and self.drop_path.p > 0:
-            x = x + self.drop_path(self.attn(self.norm1(x), geom))
+            x = x + self.drop_path(self.attn(layer_norm(self.norm1, x), geom))
         else:  # the residual add may run inside the attention's output projection
-            x = self.attn(self.norm1(x), geom, residual=x)
+            x = self.attn(layer_norm(self.norm1, x), geom, residual=x)
         return self.mlp.forward_residual(x, self.norm2, self.drop_path)
 
 
@@ -111,8 +112,8 @@ class PatchMerging(nn.Module):
         # (B, H/2, row, W/2, col, C) -> (B, H/2, W/2, col, row, C): channel block index = 2*col + row
         x = x.view(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).reshape(b, h // 2, w // 2, 4 * c)
         if self.post_norm:
-            return self.norm(linear(x, self.reduction))
-        return linear(self.norm(x), self.reduction)
+            return layer_norm(self.norm, linear(x, self.reduction))
+        return linear(layer_norm(self.norm, x), self.reduction)
 
 
 class SwinStage(nn.Module):

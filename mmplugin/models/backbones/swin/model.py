@@ -32,6 +32,7 @@ from mmplugin.models.backbones.swin.patchify import patch_embed
 from mmplugin.models.backbones.swin.windows import must_pad, padded_size
 from mmplugin.models.layers import linear_drop_path_rates, transformer_init_
 from mmplugin.models.layers.layout import contiguous_nchw
+from mmplugin.models.layers.low_precision_norm import layer_norm
 from mmplugin.registry import MODELS
 from mmplugin.utils.errors import ConfigTypeError, ConfigValueError
 
@@ -199,14 +200,14 @@ class _SwinBase(BaseBackbone):
         if must_pad(h, w, p):
             x = F.pad(x, (0, padded_size(w, p) - w, 0, padded_size(h, p) - h))
         x = patch_embed(x, self.patch_embed.proj)  # (B, H/p, W/p, C'); reduced precision: a GEMM (see patchify.py)
-        return self.drop_after_pos(self.patch_embed.norm(x))
+        return self.drop_after_pos(layer_norm(self.patch_embed.norm, x))
 
     def forward_stage(self, i: int, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.layers[i](x, self.run_block)
 
     def forward_output(self, i: int, feat: torch.Tensor) -> torch.Tensor:
         # norm on (B, H, W, C), then contiguous NCHW for mmcv's ops
-        return contiguous_nchw(getattr(self, f'norm{i}')(feat).permute(0, 3, 1, 2))
+        return contiguous_nchw(layer_norm(getattr(self, f'norm{i}'), feat).permute(0, 3, 1, 2))
 
 
 @MODELS.register_module()

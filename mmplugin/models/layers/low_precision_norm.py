@@ -1,0 +1,74 @@
+"""LayerNorm of a bf16 or fp16 map with fp32 parameters in CPU training, with its weight and bias gradients summed in
+fp32.
+
+Why: under CPU autocast a LayerNorm keeps its input's dtype, so a reduced-precision map (Swin's residual stream under
+bf16 autocast) meets PyTorch's mixed-type LayerNorm, whose CPU backward sums the weight and bias gradients over the
+rows in the input's precision. The sums stop growing once they are a few hundred (bf16) or a few thousand (fp16)
+times one row's term. Measured with torch 2.13.0+cpu on 49,152 rows of 96 channels (Swin-T's stage 1 at 512x768,
+batch 2), against float64:
+- bf16: a bias gradient entry of 2128 against 24675, the weight gradient off by 16% of its largest entry;
+- fp16: 16132 against 24650, and 3.6%.
+The forward and the input gradient are computed in fp32 there and are not affected.
+
+Here, in eager CPU autograd (training):
+- bf16 runs :mod:`mmplugin.ops.layer_norm`: fp32 sums throughout, one rounding of the results to bf16, and faster
+  (2 threads of an Intel Xeon family 6 model 167, that stage-1 map: backward 1.4 against 4.0 ms, forward 1.6 against
+  2.0 ms);
+- fp16, and bf16 where no kernel is built, run PyTorch's fp32 LayerNorm on the widened map, its output rounded back:
+  the same forward values, fp32 gradients, two more casts.
+Inference, fp32, other devices, tracing, export and compiling keep ``norm(x)``; so do modules with forward hooks,
+which only a module call runs.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from mmplugin.ops import layer_norm as kernel
+from mmplugin.ops.eligible import eager_context
+
+__all__ = ['layer_norm']
+
+_LOW = (torch.bfloat16, torch.float16)
+
+
+class _KernelLayerNorm(torch.autograd.Function):
+    """The bf16 LayerNorm of :mod:`mmplugin.ops.layer_norm`, saving ``x`` and the row statistics."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        y, mean, rstd = kernel.layer_norm_bf16(x, weight, bias, eps)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        dx, dw, db = kernel.layer_norm_grad_bf16(dy, x, mean, rstd, weight)
+        need = ctx.needs_input_grad
+        return dx if need[0] else None, dw if need[1] else None, db if need[2] else None, None
+
+
+def layer_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``norm(x)``, with fp32 weight and bias gradients where ``norm`` is an ``nn.LayerNorm`` over the last dimension
+    of a bf16 / fp16 CPU map in eager training (module docstring)."""
+    if (type(norm) is not nn.LayerNorm or x.dtype not in _LOW or x.device.type != 'cpu' or _hooked(norm)
+            or not norm.elementwise_affine or norm.weight is None or norm.bias is None
+            or norm.weight.dtype != torch.float32 or norm.normalized_shape != tuple(x.shape[-1:])
+            or not torch.is_grad_enabled() or not (x.requires_grad or norm.weight.requires_grad)
+            or not eager_context()):
+        return norm(x)
+    if x.dtype == torch.bfloat16 and x.is_contiguous() and kernel.applies(x, norm.weight, norm.bias):
+        return _KernelLayerNorm.apply(x, norm.weight, norm.bias, norm.eps)
+    with torch.autocast('cpu', enabled=False):
+        return F.layer_norm(x.float(), norm.normalized_shape, norm.weight, norm.bias, norm.eps).to(x.dtype)
+
+
+def _hooked(module: nn.Module) -> bool:
+    """Forward hooks of the module or global ones, which only a module call runs."""
+    from torch.nn.modules import module as m
+    return bool(module._forward_hooks or module._forward_pre_hooks or m._global_forward_hooks
+                or m._global_forward_pre_hooks)

@@ -1,0 +1,177 @@
+"""LayerNorm of reduced-precision maps in CPU training (``mmplugin.ops.layer_norm``, ``layer_norm.c``, and
+``mmplugin.models.layers.low_precision_norm``): the bf16 kernel against the float64 formulas on every vector ISA build
+(channel counts that fill no vector, one row and many); the weight and bias gradients summed in fp32 over many rows,
+where PyTorch's own mixed-type backward loses them; NaN where the formulas put it; repeatable bits; where the plain
+module runs; and a Swin's LayerNorm gradients under bf16 autocast against its fp32 ones.
+
+Bounds (``u`` fp32's unit roundoff, ``C`` channels, ``R`` rows): the row statistics are fp32 sums of C terms, so the
+normalised values are within ``(2C + 8) u`` of exact relative to ``|xhat|`` plus one; the outputs add bf16's rounding
+(``U_BF16`` of the result); the weight and bias gradients are R-term fp32 sums of those, within ``(R + 2C + 16) u``
+of the summed magnitudes."""
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import isa_kernel
+from torch import nn
+
+from mmplugin.models.layers.low_precision_norm import layer_norm
+from mmplugin.ops import layer_norm as lk
+from mmplugin.testing.numeric import BF16_VS_FP32, U_BF16, U_FP32
+
+pytestmark = pytest.mark.numeric
+
+_P, _I = ctypes.c_void_p, ctypes.c_int64
+_FWD = [_P, _P, _P, ctypes.c_float, _I, _I, _P, _P, _P, ctypes.c_int]
+_BWD = [_P, _P, _P, _P, _P, _I, _I, _P, _P, _P, ctypes.c_int]
+
+
+@pytest.fixture
+def kernel():
+    if not lk.available():
+        pytest.skip('the LayerNorm kernel cannot be built here (no C compiler)')
+
+
+def _inputs(rows, c, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(rows, c, generator=g) * 3 + 2).bfloat16()
+    w, b = torch.randn(c, generator=g), torch.randn(c, generator=g)
+    dy = (torch.randn(rows, c, generator=g) + 0.5).bfloat16()
+    return x, w, b, dy
+
+
+def _exact(x, w, b, dy, eps=1e-5):
+    """float64 forward, statistics and gradients of the formulas, and the magnitudes the bounds scale with."""
+    x64, w64, dy64 = x.double(), w.double(), dy.double()
+    mean = x64.mean(-1, keepdim=True)
+    rstd = 1 / (x64.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
+    xh = (x64 - mean) * rstd
+    y = xh * w64 + b.double()
+    gy = dy64 * w64
+    dx = rstd * (gy - gy.mean(-1, keepdim=True) - xh * (gy * xh).mean(-1, keepdim=True))
+    dx_mag = rstd * (gy.abs() + gy.abs().mean(-1, keepdim=True) + xh.abs() * (gy * xh).abs().mean(-1, keepdim=True))
+    return y, mean.squeeze(-1), rstd.squeeze(-1), dx, dx_mag, (dy64 * xh).sum(0), dy64.sum(0), xh
+
+
+def _check(x, w, b, dy, y, mean, rstd, dx, dw, db):
+    rows, c = x.shape
+    ey, em, er, edx, dx_mag, edw, edb, xh = _exact(x, w, b, dy)
+    k = (2 * c + 8) * U_FP32
+    assert ((mean.double() - em).abs() <= k * x.double().abs().mean(-1)).all()
+    assert ((rstd.double() - er).abs() <= k * er).all()
+    y_tol = k * (xh.abs() + 1) * w.double().abs() + U_FP32 * b.double().abs() + U_BF16 * ey.abs()
+    assert ((y.double() - ey).abs() <= y_tol).all()
+    assert ((dx.double() - edx).abs() <= 4 * k * dx_mag + U_BF16 * edx.abs()).all()
+    kk = (rows + 2 * c + 16) * U_FP32
+    assert ((dw.double() - edw).abs() <= kk * (dy.double().abs() * (xh.abs() + 1)).sum(0)).all()
+    assert ((db.double() - edb).abs() <= kk * dy.double().abs().sum(0)).all()
+
+
+@pytest.mark.parametrize('isa', ['AVX512_BF16', 'AVX512', 'AVX2', 'DEFAULT'])
+@pytest.mark.parametrize('rows, c', [(1, 96), (37, 100), (5, 7), (300, 384)])
+def test_every_isa_build_within_the_bounds(isa, rows, c):
+    fwd = isa_kernel('layer_norm', isa, 'mmplugin_layer_norm_bf16', _FWD)
+    bwd = isa_kernel('layer_norm', isa, 'mmplugin_layer_norm_grad_bf16', _BWD)
+    x, w, b, dy = _inputs(rows, c)
+    y, mean, rstd = torch.empty_like(x), torch.empty(rows), torch.empty(rows)
+    assert fwd(x.data_ptr(), w.data_ptr(), b.data_ptr(), 1e-5, rows, c, y.data_ptr(), mean.data_ptr(),
+               rstd.data_ptr(), 3) == 0
+    out = []
+    for threads in (1, 3, 3):
+        dx, dw, db = torch.empty_like(x), torch.full((c, ), 7.0), torch.full((c, ), 7.0)
+        assert bwd(dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), w.data_ptr(), rows, c,
+                   dx.data_ptr(), dw.data_ptr(), db.data_ptr(), threads) == 0
+        _check(x, w, b, dy, y, mean, rstd, dx, dw, db)
+        out.append((dx, dw, db))
+    assert all(torch.equal(a, e) for a, e in zip(out[1], out[2]))  # the same bits at a given thread count
+    assert torch.equal(out[0][0], out[1][0])  # rows are independent: dx does not depend on the threads
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_weight_and_bias_gradients_over_many_rows(dtype):
+    """Swin-T's stage-1 LayerNorm at 512x768, batch 2 (49,152 rows of 96 channels) under CPU autocast: the weight
+    and bias gradients within fp32 summation bounds of float64 (bf16 through the kernel, or the widened fallback
+    where none is built; fp16 through the widened fallback), the input gradient within the reduced dtype's rounding.
+    PyTorch's mixed-type backward sums these in the input's precision: an 11x too small bias gradient in bf16."""
+    x, w, b, dy = _inputs(49152, 96, seed=1)
+    x, dy = x.to(dtype).requires_grad_(), dy.to(dtype)
+    norm = nn.LayerNorm(96)
+    with torch.no_grad():
+        norm.weight.copy_(w), norm.bias.copy_(b)
+    with torch.autocast('cpu', dtype=dtype):
+        y = layer_norm(norm, x)
+    assert y.dtype == dtype
+    y.backward(dy)
+    ey, _, _, edx, dx_mag, edw, edb, xh = _exact(x.detach(), w, b, dy)
+    kk = (49152 + 2 * 96 + 16) * U_FP32
+    assert ((norm.weight.grad.double() - edw).abs() <= kk * (dy.double().abs() * (xh.abs() + 1)).sum(0)).all()
+    assert ((norm.bias.grad.double() - edb).abs() <= kk * dy.double().abs().sum(0)).all()
+    u = U_BF16 if dtype == torch.bfloat16 else 2.0**-11
+    assert ((x.grad.double() - edx).abs() <= 4 * (2 * 96 + 8) * U_FP32 * dx_mag + u * edx.abs()).all()
+    assert ((y.double() - ey).abs() <= u * ey.abs() + 1e-3 * (xh.abs() + 1) * w.double().abs()).all()
+
+
+def test_nan_where_the_formulas_put_it(kernel):
+    """A NaN in x makes its row of y and dx NaN and every column of the weight gradient NaN; a NaN in dy its row of
+    dx and its column of both gradients: as the fp32 formulas (PyTorch's fp32 LayerNorm on the widened map)."""
+    x, w, b, dy = _inputs(6, 40)
+    x[2, 5], dy[4, 7] = float('nan'), float('nan')
+    y, mean, rstd = lk.layer_norm_bf16(x, w, b, 1e-5)
+    dx, dw, db = lk.layer_norm_grad_bf16(dy, x, mean, rstd, w)
+    x32 = x.float().requires_grad_()
+    w32, b32 = w.clone().requires_grad_(), b.clone().requires_grad_()
+    y32 = F.layer_norm(x32, (40, ), w32, b32, 1e-5)
+    y32.backward(dy.float())
+    for got, want in ((y, y32), (dx, x32.grad), (dw, w32.grad), (db, b32.grad)):
+        assert torch.equal(got.isnan(), want.isnan())
+    assert y[2].isnan().all() and not y[[0, 1, 3, 4, 5]].isnan().any() and dw.isnan().all() and db[7].isnan()
+
+
+def test_where_the_plain_module_runs(kernel, monkeypatch):
+    """Inference, fp32, a hooked module, an unaffine norm: ``norm(x)`` itself, the same bits; a strided bf16 map in
+    training: the widened fallback (fp32 gradients), not the kernel."""
+    x, w, b, _ = _inputs(20, 48)
+    norm = nn.LayerNorm(48)
+    with torch.no_grad():
+        norm.weight.copy_(w), norm.bias.copy_(b)
+    with torch.no_grad():
+        assert torch.equal(layer_norm(norm, x), norm(x))
+    x32 = x.float().requires_grad_()
+    assert layer_norm(norm, x32).grad_fn.name() == norm(x32).grad_fn.name()
+    xr = x.clone().requires_grad_()
+    assert layer_norm(norm, xr).grad_fn.name() == '_KernelLayerNormBackward'
+    calls = []
+    handle = norm.register_forward_hook(lambda *a: calls.append(1))
+    layer_norm(norm, xr)
+    handle.remove()
+    assert calls == [1]
+    plain = nn.LayerNorm(48, elementwise_affine=False)
+    assert torch.equal(layer_norm(plain, xr), plain(xr))
+    strided = xr.t().contiguous().t()  # the same values, column-major
+    out = layer_norm(norm, strided)
+    assert out.grad_fn.name() != '_KernelLayerNormBackward' and out.dtype == torch.bfloat16
+    assert torch.equal(out, layer_norm(norm, xr))
+
+
+def test_swin_layer_norm_gradients_under_bf16_autocast():
+    """A Swin-T training step under bf16 autocast (2 x 256 x 384): every LayerNorm's weight and bias gradient within
+    the bf16-against-fp32 bound of the fp32 step's, relative to its largest entry (PyTorch's mixed-type backward was
+    off by up to 66% here)."""
+    from mmplugin.models.backbones.swin import SwinTransformer
+    torch.manual_seed(0)
+    m = SwinTransformer(arch='tiny', drop_path_rate=0.0).train()
+    x = torch.randn(2, 3, 256, 384)
+
+    def grads(bf16):
+        m.zero_grad()
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bf16):
+            outs = m(x)
+        g = torch.Generator().manual_seed(1)
+        sum((o.float() * torch.randn(o.shape, generator=g)).sum() for o in outs).backward()
+        return {n: p.grad.clone() for n, p in m.named_parameters() if 'norm' in n}
+    low, ref = grads(True), grads(False)
+    worst = max(((low[n] - ref[n]).abs().max() / ref[n].abs().max()).item() for n in ref)
+    assert worst <= BF16_VS_FP32
