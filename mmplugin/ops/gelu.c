@@ -4,10 +4,10 @@
  * gelu_backward and gelu.
  *
  * Why: a Swin MLP's hidden map (4C values per token, Swin-T's widest tensor) goes through GELU's gradient once per
- * block in every training step; PyTorch's bf16 gelu_backward computes erf and exp at about half the speed memory
- * allows, and the fp32 training path (mmplugin/models/layers/recompute.py), which recomputes GELU(h) for fc2's
- * weight gradient instead of keeping it, read h twice (once for GELU, once for its gradient). Here both come from
- * one read of h and g, with erf and exp shared.
+ * block in every training step, and the fp32 training path (mmplugin/models/layers/recompute.py) recomputes GELU(h)
+ * for fc2's weight gradient instead of keeping it; with PyTorch's two ops that reads h twice and computes erf twice.
+ * Here both come from one read of h and g, with erf and exp shared. The bf16 entry serves bf16 hidden maps the same
+ * way (the models' bf16 training keeps GELU(h) and does not call it).
  *
  * erf(z), z = x / sqrt(2): for |z| < 1, z * A(z^2) with A of degree 6; otherwise sign(z) * (1 - exp(-z^2) *
  * B(min(|z|, 4) - 2.5)) with B of degree 12, B approximating erfc(z) exp(z^2) (at |z| >= 4 the product is below half
@@ -16,8 +16,9 @@
  * 1 in absolute terms, as the fp32 result needs. exp(-z^2) serves phi too. Elements: fp32 (suffix f32) or bf16 bits
  * (suffix bf16: widened to fp32, computed in fp32, rounded to nearest even once on the store).
  *
- * Non-finite values where PyTorch's fp32 and bf16 kernels put them: NaN stays NaN; h = +inf gives dh = NaN (the
- * formula's g * (1 + inf * 0)) and act = NaN (the formula, and float64, give inf there), h = -inf NaN for both.
+ * Non-finite values where PyTorch's vectorised fp32 and bf16 CPU kernels put them: NaN stays NaN; h = +inf gives
+ * dh = NaN (the formula's g * (1 + inf * 0)) and act = NaN (the formula, float64 and PyTorch's scalar loop, which
+ * serves tensors shorter than a vector, give inf), h = -inf NaN for both.
  *
  * Layout: h, g, dh, act contiguous, n elements each; dh may be g itself (elementwise, in place). Parallel: OpenMP
  * over blocks of elements, on torch's intra-op threads (see build.py). Returns 0. */
@@ -54,7 +55,7 @@ static inline vf gelu_and_slope(vf x, vf *act) {
     const vi near = az < splat(1.0f);
     const vf erf = vbits((near & ibits(small)) | (~near & ibits(large)));
     const vf cdf = splat(0.5f) * (splat(1.0f) + erf);
-    const vi pinf = x == splat(__builtin_inff()); /* GELU(+inf): NaN, as PyTorch's fp32 / bf16 kernels give it */
+    const vi pinf = x == splat(__builtin_inff()); /* GELU(+inf): NaN, as PyTorch's vectorised kernels */
     *act = vbits((~pinf & ibits(x * cdf)) | (pinf & ibits(splat(__builtin_nanf("")))));
     return cdf + x * (splat(0.398942280401432678f) * e);
 }

@@ -22,7 +22,7 @@ import torch
 from mmplugin.ops.build import kernel_library
 from mmplugin.ops.eligible import eager_context, plain_cpu
 
-__all__ = ['available', 'gelu_grad']
+__all__ = ['available', 'applies', 'gelu_grad']
 
 _SUFFIX = {torch.float32: 'f32', torch.bfloat16: 'bf16'}
 _ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64, ctypes.c_int]
@@ -37,6 +37,14 @@ def _kernels() -> ctypes.CDLL | None:
 def available() -> bool:
     """Whether the kernel for the current ISA is built (building it on first call; warned once where it cannot)."""
     return _kernels() is not None
+
+
+def applies(h: torch.Tensor) -> bool:
+    """Whether :func:`gelu_grad` serves the hidden map ``h`` with a contiguous gradient of its shape and dtype (and
+    no output, or the gradient itself as the output): eager, a plain contiguous fp32 / bf16 CPU tensor, a built
+    kernel."""
+    return (eager_context() and plain_cpu(h) and h.device.type == 'cpu' and h.dtype in _SUFFIX and h.is_contiguous()
+            and available())
 
 
 def gelu_grad(h: torch.Tensor, grad: torch.Tensor, act: bool = False,

@@ -7,12 +7,13 @@
  *
  * Why: PyTorch's CPU kernels for this mixed-type case run at a fraction of what memory allows (Swin-T's stage-1 map at
  * 512x768, batch 2, 2 x 128 x 192 x 96 bf16, 2 threads of an Intel Xeon family 6 model 167: forward 2.0 ms and
- * backward 4.1 ms where one elementwise add of two such maps takes 0.7 ms). Each row here is widened into the thread's
+ * backward 4.0-4.1 ms where one elementwise add of two such maps takes 0.7 ms; here 1.6 and 1.4 ms). Each row here is widened into the thread's
  * buffer once and normalised from there (the two-pass variance, the biased estimate, as PyTorch's).
  *
  * Layouts: x, y, dy, dx (rows, C) bf16 bits, contiguous; mean, rstd (rows) fp32; gamma, beta, dgamma, dbeta (C) fp32.
  * dgamma and dbeta are set (not added to): the threads' partial sums are added in thread order, so a call gives the
- * same bits every time at a given thread count.
+ * same bits every time with the same team of threads (OpenMP grants the team asked for unless dynamic teams or nested
+ * regions are on).
  *
  * Non-finite values: a NaN or infinite x makes its row's mean or deviation non-finite, so the whole row of y (and of
  * dx) is NaN, and NaN reaches every column of dgamma, as PyTorch's LayerNorm and its gradient give it; a non-finite dy

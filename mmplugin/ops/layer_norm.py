@@ -4,7 +4,7 @@ CPUs: ``layer_norm.c``, built on first use for the vector ISA torch dispatches t
 Why: a bf16 Swin under CPU autocast normalises its bf16 residual stream twice per block, and PyTorch's CPU kernels for
 this case run at a fraction of what memory allows (``layer_norm.c`` has the figures). The results are PyTorch's
 formulas computed in fp32 and rounded once to bf16, up to the fp32 summation order: tests/engine/test_layer_norm.py
-checks them against float64 on every ISA build. :mod:`mmplugin.models.layers.bf16_norm` uses them.
+checks them against float64 on every ISA build. :mod:`mmplugin.models.layers.low_precision_norm` uses them.
 """
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ def layer_norm_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     ``x.shape[:-1]``. No autograd."""
     c = x.shape[-1]
     y = torch.empty_like(x)
-    mean, rstd = torch.empty(x.shape[:-1]), torch.empty(x.shape[:-1])
+    mean = torch.empty(x.shape[:-1], dtype=torch.float32)
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32)
     failed = _kernels().mmplugin_layer_norm_bf16(x.data_ptr(), weight.data_ptr(), bias.data_ptr(), float(eps),
                                                  x.numel() // c, c, y.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
                                                  torch.get_num_threads())
@@ -65,7 +66,7 @@ def layer_norm_grad_bf16(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, 
     autograd."""
     c = x.shape[-1]
     dy = dy.to(torch.bfloat16).contiguous()
-    dx, dw, db = torch.empty_like(x), torch.empty(c), torch.empty(c)
+    dx, dw, db = torch.empty_like(x), torch.empty(c, dtype=torch.float32), torch.empty(c, dtype=torch.float32)
     failed = _kernels().mmplugin_layer_norm_grad_bf16(
         dy.data_ptr(), x.data_ptr(), mean.data_ptr(), rstd.data_ptr(), weight.data_ptr(), x.numel() // c, c,
         dx.data_ptr(), dw.data_ptr(), db.data_ptr(), torch.get_num_threads())

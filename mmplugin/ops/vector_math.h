@@ -1,4 +1,4 @@
-/* Vector helpers shared by the plugin's C kernels (window_attention.c, gelu.c): GCC vector-extension types of
+/* Vector helpers shared by the plugin's C kernels (window_attention.c, gelu.c, layer_norm.c): GCC vector-extension types of
  * MMP_VW fp32 lanes (16 for AVX-512 builds, 8 for AVX2, 4 otherwise, set by the build), a broadcast, bit casts,
  * exp for non-positive arguments, NaN-keeping maxima, horizontal reductions and the bf16 <-> fp32 conversions. */
 #ifndef MMP_VECTOR_MATH_H
@@ -9,33 +9,6 @@
 
 #ifndef MMP_VW
 #define MMP_VW 4
-/* VW fp32 values <-> lanes */
-static inline vf load_f32(const float *p) {
-    vf x;
-    memcpy(&x, p, sizeof(vf));
-    return x;
-}
-
-static inline void store_f32(float *p, vf x) { memcpy(p, &x, sizeof(vf)); }
-
-/* VW bf16 values (bits) <-> fp32 lanes, rounding to nearest even, NaN kept quiet */
-typedef uint16_t vh __attribute__((vector_size(VW * 2)));
-typedef uint32_t vu __attribute__((vector_size(VW * 4)));
-
-static inline vf load_bf16(const uint16_t *p) {
-    vh b;
-    memcpy(&b, p, sizeof(vh));
-    return vbits(__builtin_convertvector(b, vi) << 16);
-}
-
-static inline void store_bf16(uint16_t *p, vf x) { /* nearest even; NaN stays a quiet NaN */
-    const vu bits = (vu)ibits(x);
-    const vu nan = (vu)((bits & 0x7fffffffu) > 0x7f800000u);
-    const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const vh b = __builtin_convertvector((nan & ((bits >> 16) | 0x40u)) | (~nan & rounded), vh);
-    memcpy(p, &b, sizeof(vh));
-}
-
 #endif
 #define VW MMP_VW
 
@@ -60,33 +33,6 @@ static const vi FOLDS[] = {{4, 5, 6, 7, 0, 1, 2, 3}, {2, 3, 0, 1, 6, 7, 4, 5}, {
 static const vi FOLDS[] = {{2, 3, 0, 1}, {1, 0, 3, 2}};
 #else
 #error "MMP_VW must be 4, 8 or 16"
-/* VW fp32 values <-> lanes */
-static inline vf load_f32(const float *p) {
-    vf x;
-    memcpy(&x, p, sizeof(vf));
-    return x;
-}
-
-static inline void store_f32(float *p, vf x) { memcpy(p, &x, sizeof(vf)); }
-
-/* VW bf16 values (bits) <-> fp32 lanes, rounding to nearest even, NaN kept quiet */
-typedef uint16_t vh __attribute__((vector_size(VW * 2)));
-typedef uint32_t vu __attribute__((vector_size(VW * 4)));
-
-static inline vf load_bf16(const uint16_t *p) {
-    vh b;
-    memcpy(&b, p, sizeof(vh));
-    return vbits(__builtin_convertvector(b, vi) << 16);
-}
-
-static inline void store_bf16(uint16_t *p, vf x) { /* nearest even; NaN stays a quiet NaN */
-    const vu bits = (vu)ibits(x);
-    const vu nan = (vu)((bits & 0x7fffffffu) > 0x7f800000u);
-    const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const vh b = __builtin_convertvector((nan & ((bits >> 16) | 0x40u)) | (~nan & rounded), vh);
-    memcpy(p, &b, sizeof(vh));
-}
-
 #endif
 #define NFOLDS ((int)(sizeof(FOLDS) / sizeof(FOLDS[0])))
 
@@ -177,7 +123,7 @@ typedef uint32_t vu __attribute__((vector_size(VW * 4)));
 static inline vf load_bf16(const uint16_t *p) {
     vh b;
     memcpy(&b, p, sizeof(vh));
-    return vbits(__builtin_convertvector(b, vi) << 16);
+    return vbits((vi)(__builtin_convertvector(b, vu) << 16));
 }
 
 static inline void store_bf16(uint16_t *p, vf x) { /* nearest even; NaN stays a quiet NaN */

@@ -9,10 +9,11 @@ gradient ``dY^T X`` over the 49,152 tokens 19.0 vs 66.5. So the weight gradient 
 transposed operand in place (oneDNN's linear would need both operands copied into transposed layout).
 :func:`mmplugin.analysis.gemm_floor.gemm_floor` times both kernels at every shape of a model. On the AVX2 Zen 2 /
 Zen 3 parts measured the two kernels run within 10% of each other, so the choice costs nothing there. On an Intel
-Xeon family 6 model 167 (AMX) MKL is the faster one: the input gradient ``grad @ W`` of Swin-T's stage-4 MLP
-(``3072 x 768`` weight, 3072 tokens) 11.5 ms on BLAS against 14.7 ms on oneDNN with the weight transposed into a copy,
-and a whole fp32 step with the linears on BLAS ran 1.02-1.04x the speed of the oneDNN form in four runs
-(docs/benchmarks.md). So the default follows the CPU vendor (:func:`onednn_by_default`);
+Xeon family 6 model 167 (AMX) the two are level within that machine's spread over whole steps (MKL 1.02-1.04x
+faster in four runs and in an interleaved A/B, level in a fifth, oneDNN 1.02x faster in a sixth; docs/benchmarks.md),
+and MKL needs no copy of the weight: the input gradient ``grad @ W`` of Swin-T's stage-4 MLP (``3072 x 768`` weight,
+3072 tokens) takes 11.5 ms on BLAS against 14.7 ms on oneDNN with the weight transposed into a copy. So the default
+follows the CPU vendor (:func:`onednn_by_default`): oneDNN where it is measured faster (AMD), MKL on Intel CPUs;
 :func:`onednn_training_gemms` overrides it inside a block. Swin's fc2 keeps its input gradient on BLAS
 (:mod:`.recompute`: an ``out=`` buffer).
 
@@ -43,7 +44,8 @@ def onednn_ops_available(*names: str) -> bool:
 
 def onednn_by_default(vendor: str | None = None) -> bool:
     """Whether oneDNN serves the fp32 training linears by default on a CPU of ``vendor`` (``vendor_id``, default
-    this machine's): everywhere but on Intel CPUs, where MKL's fp32 GEMMs are the faster ones (module docstring)."""
+    this machine's): everywhere but on Intel CPUs, where MKL's are level with it and need no weight copies (module
+    docstring)."""
     from mmplugin.utils.cpu import cpu_vendor
     return (cpu_vendor() if vendor is None else vendor) != 'GenuineIntel'
 

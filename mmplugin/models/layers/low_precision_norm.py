@@ -16,8 +16,9 @@ Here, in eager CPU autograd (training):
   2.0 ms);
 - fp16, and bf16 where no kernel is built, run PyTorch's fp32 LayerNorm on the widened map, its output rounded back:
   the same forward values, fp32 gradients, two more casts.
-Inference, fp32, other devices, tracing, export and compiling keep ``norm(x)``; so do modules with forward hooks,
-which only a module call runs.
+Inference, fp32, other devices, tracing, export, compiling and ``torch.func`` transforms keep ``norm(x)``; so do
+modules with forward or backward hooks, which only a module call runs. The fp16 path keeps the fp32 normalised map
+for its backward (twice the bytes of the fp16 one).
 """
 from __future__ import annotations
 
@@ -58,8 +59,9 @@ def layer_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     if (type(norm) is not nn.LayerNorm or x.dtype not in _LOW or x.device.type != 'cpu' or _hooked(norm)
             or not norm.elementwise_affine or norm.weight is None or norm.bias is None
             or norm.weight.dtype != torch.float32 or norm.normalized_shape != tuple(x.shape[-1:])
-            or not torch.is_grad_enabled() or not (x.requires_grad or norm.weight.requires_grad)
-            or not eager_context()):
+            or not torch.is_grad_enabled()
+            or not (x.requires_grad or norm.weight.requires_grad or norm.bias.requires_grad)
+            or not eager_context() or torch._C._are_functorch_transforms_active()):
         return norm(x)
     if x.dtype == torch.bfloat16 and x.is_contiguous() and kernel.applies(x, norm.weight, norm.bias):
         return _KernelLayerNorm.apply(x, norm.weight, norm.bias, norm.eps)
@@ -68,7 +70,8 @@ def layer_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _hooked(module: nn.Module) -> bool:
-    """Forward hooks of the module or global ones, which only a module call runs."""
+    """Forward or backward hooks of the module, or global ones, which only a module call runs."""
     from torch.nn.modules import module as m
-    return bool(module._forward_hooks or module._forward_pre_hooks or m._global_forward_hooks
-                or m._global_forward_pre_hooks)
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks or m._global_forward_hooks or m._global_forward_pre_hooks
+                or m._global_backward_hooks or m._global_backward_pre_hooks)

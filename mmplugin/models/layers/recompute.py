@@ -13,9 +13,10 @@ docs/benchmarks.md has the command.
 
 The functions compute what the plain ops compute with the same kernels (their linears those of
 :func:`mmplugin.models.layers.gemm.train_linear`), so the forward is bit-identical and the backward differs only by
-floating-point reassociation inside the kernels. They apply in eager autograd on the CPU in float32 / float64
-(:func:`recompute_applies`); elsewhere (CUDA, autocast, tracing, export, ``torch.compile``, which plans its own
-recomputation) the callers use the plain ops.
+floating-point reassociation inside the kernels (and, where :func:`mmplugin.ops.gelu.gelu_grad` runs, by its erf:
+a few fp32 ulps). They apply in eager autograd on the CPU in float32 / float64 (:func:`recompute_applies`);
+elsewhere (CUDA, autocast, tracing, export, ``torch.compile``, which plans its own recomputation) the callers use the
+plain ops.
 
 The window attention's exception: where the plugin's C kernels are built, the fp32 attention (and under CPU bf16
 autocast the bf16 one, :func:`map_attention_dtype`) runs in them, forward and backward, within the kernels' error
@@ -33,6 +34,7 @@ from torch.autograd.function import once_differentiable
 from mmplugin.models.layers.gemm import input_grad, product
 from mmplugin.models.layers.precision import REDUCED_DTYPES, autocast_dtype
 from mmplugin.ops.eligible import eager_context, plain_cpu
+from mmplugin.ops.gelu import applies as gelu_kernel_applies
 from mmplugin.ops.gelu import gelu_grad
 from mmplugin.ops.window_attention import available as kernel_available
 from mmplugin.ops.window_attention import (
@@ -97,15 +99,17 @@ class _GeluLinear(torch.autograd.Function):
         need = ctx.needs_input_grad
         g2 = grad.reshape(-1, grad.shape[-1])  # (M, N)
         d_h = d_w = d_b = act = None
-        if need[0]:
-            # grad @ W on BLAS, then GELU's gradient in place (elementwise: exact)
+        fused = need[0] and gelu_kernel_applies(h)
+        if fused:  # grad @ W on BLAS, then GELU's gradient in place and GELU(h) from the same pass
             d_h = torch.matmul(grad, weight)
-            fused = gelu_grad(h, d_h, act=need[1], out=d_h)
-            if fused is None:
-                torch.ops.aten.gelu_backward.grad_input(d_h, h, grad_input=d_h)
-            else:
-                act = fused[1]
-        if need[1]:
+            _, act = gelu_grad(h, d_h, act=need[1], out=d_h)
+        elif need[0]:  # one (M, K) buffer: GELU(h) for the weight gradient, then grad @ W and GELU's backward in place
+            buf = F.gelu(h) if need[1] else None
+            d_w = None if buf is None else g2.t().mm(buf.reshape(-1, h.shape[-1]))  # (N, K)
+            reuse = buf is not None and buf.is_contiguous()
+            d_h = torch.matmul(grad, weight, out=buf) if reuse else grad.matmul(weight)
+            torch.ops.aten.gelu_backward.grad_input(d_h, h, grad_input=d_h)  # elementwise: in place is exact
+        if need[1] and d_w is None:
             act = F.gelu(h) if act is None else act
             d_w = g2.t().mm(act.reshape(-1, h.shape[-1]))  # (N, K)
         if ctx.has_bias and need[2]:
