@@ -60,8 +60,6 @@ static inline vf gelu_and_slope(vf x, vf *act) {
     return cdf + x * (splat(0.398942280401432678f) * e);
 }
 
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
 #define DEFINE_GELU_GRAD(SUFFIX, T, LOAD, STORE)                                                                    \
     int CAT(mmplugin_gelu_grad_, SUFFIX)(const T *h, const T *g, T *dh, T *act, int64_t n, int threads) {           \
         _Pragma("omp parallel for num_threads(threads) schedule(static)")                                          \

@@ -54,15 +54,13 @@ def gelu_grad(h: torch.Tensor, grad: torch.Tensor, act: bool = False,
     None)``. ``out`` receives ``d_h`` (it may be ``grad`` itself: elementwise, in place is exact); otherwise a new
     tensor. No autograd. Returns None where the kernel does not apply (not eager, not plain contiguous CPU tensors,
     another dtype or shape, no kernel built), and the caller runs PyTorch's ops."""
-    if not (eager_context() and plain_cpu(h) and plain_cpu(grad) and plain_cpu(out) and h.dtype in _SUFFIX
-            and grad.dtype == h.dtype and grad.shape == h.shape and h.is_contiguous() and grad.is_contiguous()
+    if not (applies(h) and plain_cpu(grad) and plain_cpu(out)
+            and grad.dtype == h.dtype and grad.shape == h.shape and grad.is_contiguous()
             and (out is None or (out.dtype == h.dtype and out.shape == h.shape and out.is_contiguous()
                                  and not _overlap(out, h)
                                  and (out.data_ptr() == grad.data_ptr() or not _overlap(out, grad))))):
         return None
     lib = _kernels()
-    if lib is None:
-        return None
     d_h = torch.empty_like(h) if out is None else out
     a = torch.empty_like(h) if act else None
     getattr(lib, f'mmplugin_gelu_grad_{_SUFFIX[h.dtype]}')(

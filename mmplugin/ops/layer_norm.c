@@ -23,13 +23,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#define THREAD_NUM() omp_get_thread_num()
-#else
-#define THREAD_NUM() 0
-#endif
-
 #include "vector_math.h"
 
 /* the row's c bf16 values widened into xf; returns their mean and, in *rs, 1 / sqrt(variance + eps) */

@@ -1,8 +1,17 @@
 /* Vector helpers shared by the plugin's C kernels (window_attention.c, gelu.c, layer_norm.c): GCC vector-extension types of
  * MMP_VW fp32 lanes (16 for AVX-512 builds, 8 for AVX2, 4 otherwise, set by the build), a broadcast, bit casts,
- * exp for non-positive arguments, NaN-keeping maxima, horizontal reductions and the bf16 <-> fp32 conversions. */
+ * exp for non-positive arguments, NaN-keeping maxima, horizontal reductions and the bf16 <-> fp32 conversions; the
+ * OpenMP thread number and the per-type name suffix macro. */
 #ifndef MMP_VECTOR_MATH_H
 #define MMP_VECTOR_MATH_H
+#ifdef _OPENMP
+#include <omp.h>
+#define THREAD_NUM() omp_get_thread_num() /* the calling thread's number in its OpenMP team (0 without OpenMP) */
+#else
+#define THREAD_NUM() 0
+#endif
+#define CAT_(a, b) a##b
+#define CAT(a, b) CAT_(a, b) /* a name with a per-type suffix: CAT(mmplugin_gelu_grad_, f32) */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>

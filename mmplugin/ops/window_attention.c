@@ -262,8 +262,6 @@ static inline void pack_token_bf16dot(const uint16_t *qr, const uint16_t *kr, co
 }
 #endif
 
-#define CAT_(a, b) a##b
-#define CAT(a, b) CAT_(a, b)
 
 #define T float
 #define SUFFIX f32

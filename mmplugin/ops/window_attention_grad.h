@@ -26,12 +26,6 @@
  * Returns 0, or 1 when a thread's scratch buffer cannot be allocated. */
 #ifndef MMP_TOKEN_ROW
 #define MMP_TOKEN_ROW
-#ifdef _OPENMP
-#include <omp.h>
-#define THREAD_NUM() omp_get_thread_num()
-#else
-#define THREAD_NUM() 0
-#endif
 /* Token i of window w: its row in qkv / g / dqkv (the window layout's own row, or the map row through rows), or -1
  * for a padding token of the map layout. */
 static inline int64_t token_row(const int64_t *rows, int64_t w, int64_t i, int64_t nw, int64_t n, int64_t img_rows) {
