@@ -1,6 +1,6 @@
 """The returned maps' layout: ``contiguous_nchw`` is ``x.contiguous()`` (same values bit for bit, NCHW memory, NaN
-and Inf where they were), by its blocked transpose for channels_last CPU maps at inference and by
-``x.contiguous()`` itself everywhere else."""
+and Inf where they were), by its blocked transpose for channels_last CPU maps and by ``x.contiguous()``
+itself everywhere else; under autograd its gradient comes back channels_last."""
 from __future__ import annotations
 
 import pytest
@@ -54,9 +54,9 @@ class _threads:
         torch.set_num_threads(self.before)
 
 
-def test_takes_the_blocked_transpose_only_for_channels_last_inference(monkeypatch):
-    """An NCHW map comes back as it is; under autograd, while traced, or with more threads than the blocked copy
-    pays off at, the result is ``x.contiguous()`` (the strided copy), gradient included."""
+def test_takes_the_blocked_transpose_only_for_channels_last_maps(monkeypatch):
+    """An NCHW map comes back as it is; while traced, or with more threads than the blocked copy pays off at, the
+    result is ``x.contiguous()`` (the strided copy)."""
     x = _channels_last(2, 96, 40, 40)
     copies = _strided_copies(monkeypatch)
     with torch.no_grad(), _threads(2):
@@ -67,17 +67,77 @@ def test_takes_the_blocked_transpose_only_for_channels_last_inference(monkeypatc
     with torch.no_grad(), _threads(4):
         assert torch.equal(contiguous_nchw(x), plain)
     assert len(copies) == 2
-    w = x.clone().requires_grad_(True)
-    with _threads(2):
-        out = contiguous_nchw(w)
-    assert len(copies) == 3 and out.grad_fn is not None and torch.equal(out, plain)
-    g = torch.randn_like(out)
-    out.backward(g)
-    assert torch.equal(w.grad, g)
     with _threads(2):
         traced = torch.jit.trace(contiguous_nchw, (x,))
     assert any(n.kind() == 'aten::contiguous' for n in traced.graph.nodes())
     assert torch.equal(traced(x), plain)
+
+
+@pytest.mark.parametrize('threads', [2, 4])
+@pytest.mark.parametrize('shape', [(2, 96, 40, 40), (1, 5, 3, 7)])
+def test_gradient_comes_back_channels_last(shape, threads):
+    """Under autograd the values are ``x.contiguous()``'s and the gradient equals the incoming one bit for bit, in
+    channels_last memory like ``x`` (an NCHW gradient would put the backbone's whole backward on mixed layouts);
+    contiguous, expanded and channels_last incoming gradients alike."""
+    x = _channels_last(*shape).requires_grad_(True)
+    g = torch.randn(shape, generator=torch.Generator().manual_seed(3))
+    for incoming in (g, torch.tensor(0.25).expand(shape), g.contiguous(memory_format=torch.channels_last)):
+        with _threads(threads):
+            out = contiguous_nchw(x)
+            assert out.is_contiguous() and torch.equal(out, x.detach().contiguous())
+            (grad,) = torch.autograd.grad(out, x, incoming)
+        assert grad.is_contiguous(memory_format=torch.channels_last) and torch.equal(grad, incoming)
+    nchw = x.detach().contiguous().requires_grad_(True)  # already NCHW: the plain path, gradient as it comes
+    assert torch.autograd.grad(contiguous_nchw(nchw), nchw, g)[0].is_contiguous()
+
+
+def test_swiftformer_backward_runs_on_one_layout():
+    """A SwiftFormer training backward hands every BatchNorm and convolution backward a gradient in its input's
+    memory format (mixed formats take PyTorch's slow paths), and the parameter gradients equal those of the
+    plain ``x.contiguous()`` outputs (float64, where summation order cannot show)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from mmplugin.models.backbones import base
+    from mmplugin.models.backbones.base import get_family
+
+    def fmt(t):
+        return 'cl' if t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous() else 'other'
+
+    class Formats(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.pairs = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.native_batch_norm_backward.default,
+                        torch.ops.aten.convolution_backward.default) and args[1].shape[2] * args[1].shape[3] > 1:
+                self.pairs.append((fmt(args[0]), fmt(args[1])))
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(0)
+    m = get_family('swiftformer')('xs').train().double()
+    x = torch.randn(2, 3, 96, 128, dtype=torch.float64)
+    weights = None
+    grads = []
+    for patched in (False, True):
+        with pytest.MonkeyPatch.context() as patch:
+            if patched:
+                patch.setattr(base, 'contiguous_nchw', lambda t: t.contiguous())
+            outs = m(x)
+            weights = weights or [torch.randn_like(o) for o in outs]
+            mode = Formats()
+            with mode:
+                grads.append(torch.autograd.grad(sum((o * w).sum() for o, w in zip(outs, weights)),
+                                                 list(m.parameters())))
+        if not patched:
+            assert len(mode.pairs) > 20 and all(g == i == 'cl' for g, i in mode.pairs)
+        else:  # the plain copy's NCHW gradients meet channels_last inputs: what the check above would catch
+            assert any(g != i for g, i in mode.pairs)
+    # against the largest gradient of the model: a conv bias before a BatchNorm has an exact gradient of 0, so
+    # both paths give float64 rounding noise there (~1e-13); summation order alone moves the rest by ~1e-16 x terms
+    scale = max(b.abs().max().item() for b in grads[1])
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, rtol=1e-9, atol=1e-11 * scale)
 
 
 def test_backbone_outputs_equal_the_strided_copy(monkeypatch):
