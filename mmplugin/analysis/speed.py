@@ -53,7 +53,7 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
     from mmplugin.analysis.complexity import backbone_complexity
     from mmplugin.analysis.peers import build_peers
     from mmplugin.models.backbones.base import get_family
-    from mmplugin.models.layers.prepack import prepack_weights
+    from mmplugin.models.layers.prepack import frozen_count, prepack_weights
     from mmplugin.utils.numerics import max_rel_error
     torch.manual_seed(0)
     ours = get_family(family)(arch).eval()
@@ -74,10 +74,10 @@ def backbone_rows(family: str, arch: str, size, rounds: int, runtimes, bf16: boo
         return fn
 
     # the form --fast runs: a copy whose linear weights stay packed in oneDNN's layout (the packs follow a parameter),
-    # of the plugin and of its own other forms (the deployed SwiftFormer)
+    # of the plugin and of its own other forms not packed yet (the deployed SwiftFormer packs its own constants)
     packed = prepack_weights(copy.deepcopy(ours))
     peers.update({f'{name} prepacked': prepack_weights(copy.deepcopy(m)) for name, m in list(peers.items())
-                  if name.startswith('mmplugin')})
+                  if name.startswith('mmplugin') and not frozen_count(m)})
     for name, m in peers.items():
         fns[(name, 'eager', 'fp32')] = eager(m)
     fns[('mmplugin', 'eager', 'fp32')] = eager(ours)

@@ -90,9 +90,8 @@ def enable_fast_inference(model: nn.Module, mode: str = 'auto', device: torch.de
     (:func:`mmplugin.inference.allocator.retain_freed_memory`, glibc: large activations are not page-faulted in
     again on every image), process-wide, and with ``prepack`` (default) treats the model's linear and 1x1
     convolution weights as frozen: the fused inference ops keep them packed in oneDNN's layout, one more copy of
-    those weights in memory (:func:`mmplugin.models.layers.prepack.prepack_weights`; fp32 runs use this too). Call
-    ``switch_to_deploy()`` before this, not after: the deployed form's new convolutions are frozen only if they
-    exist here.
+    those weights in memory (:func:`mmplugin.models.layers.prepack.prepack_weights`; fp32 runs use this too).
+    ``switch_to_deploy()`` freezes the deployed form's new convolutions itself, before or after this call.
     """
     import warnings
     if mode not in FAST_MODES:

@@ -96,21 +96,39 @@ def test_exact_in_train_mode_too():
         assert rel_err(a, b) < FP32_PARITY
 
 
-def test_switch_to_deploy_equal():
+@pytest.mark.parametrize('prepack', [True, False])
+def test_switch_to_deploy_equal(prepack):
+    """The deployed form computes the official formulation's outputs, without BatchNorms or layer scales; with
+    ``prepack`` (default) its linear / 1x1 weights are frozen and the forward runs on their packed copies."""
+    from mmplugin.models.layers import prepack as packing
     ref = _fresh_out_norms(_reference('xs'))
     model = SwiftFormer('xs').eval()
     model.load_state_dict(convert_swiftformer(ref.state_dict())[0])
     x = torch.randn(1, 3, 250, 330)
-    with torch.no_grad():
-        want = ref(x)
-        model.switch_to_deploy()
-        got = model(x)
-    assert not any(isinstance(m, torch.nn.BatchNorm2d) for n, m in model.named_modules() if n.startswith('stages'))
-    assert not any('layer_scale' in n for n, _ in model.named_parameters())
-    for a, b in zip(got, want):
-        assert rel_err(a, b) < FP32_PARITY
+    try:
+        with torch.no_grad():
+            want = ref(x)
+            assert model.switch_to_deploy(prepack=prepack) is model
+            got = model(x)
+        assert not any(isinstance(m, torch.nn.BatchNorm2d) for n, m in model.named_modules()
+                       if n.startswith('stages'))
+        assert not any('layer_scale' in n for n, _ in model.named_parameters())
+        for a, b in zip(got, want):
+            assert rel_err(a, b) < FP32_PARITY
+        ids = {id(p) for p in model.parameters()}
+        packed = {key for key, _ in packing._PACKED if key in ids}
+        if prepack and packing._AVAILABLE:
+            pointwise = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d) and m.kernel_size == (1, 1)]
+            assert packing.frozen_count(model) >= len(pointwise) > 20
+            assert {id(m.weight) for m in pointwise} <= packed  # every pointwise conv ran on its packed copy
+        else:
+            assert packing.frozen_count(model) == 0 and not packed
+    finally:
+        packing.release_prepacked(model)
     with pytest.raises(RuntimeError, match='eval'):
         SwiftFormer('xs').train().switch_to_deploy()
+    with pytest.raises(TypeError, match='prepack must be True or False'):
+        SwiftFormer('xs').eval().switch_to_deploy(prepack='yes')
 
 
 # ------------------------------------------------------------------------------------------------ weights
