@@ -39,7 +39,7 @@ _ARGS = [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 9 + [ctypes.c_void_p] * 3 + [
 
 
 _GRAD_ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_float] + [ctypes.c_void_p] * 4 + [
-    ctypes.c_int64, ctypes.c_void_p, ctypes.c_int]
+    ctypes.c_int64, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
 
 
 def _kernels() -> ctypes.CDLL | None:
@@ -188,7 +188,7 @@ def _run(q, k, v, pos, mask, scale, cosine, out, windows: int, nw: int, rows=Non
 
 
 def window_attention_grad(qkv: torch.Tensor, grad: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None,
-                          heads: int, scale: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+                          heads: int, scale: float, cosine: torch.Tensor | None = None) -> tuple | None:
     """The gradients of ``out = softmax(scale * q k^T + pos + mask) v`` (heads merged, as :func:`window_attention`
     returns it) with respect to the fused projection and the position bias, recomputing the probabilities in the
     kernel (``window_attention_grad.h``), or None where the kernel is not built. fp32 or bf16 (computed in fp32, the
@@ -199,17 +199,20 @@ def window_attention_grad(qkv: torch.Tensor, grad: torch.Tensor, pos: torch.Tens
             (``C = heads * d``).
         grad: ``(B*nW, N, C)``, the gradient of the output.
         pos: the ``(heads, N, N)`` position bias (any leading ones). mask: the ``(nW, N, N)`` shift mask or None.
+        cosine: Swin V2's per-head logit scale (``heads`` values, any shape) or None, as :func:`window_attention`:
+            the scores are ``scale * cosine[h] * F.normalize(q) F.normalize(k)^T + pos + mask``.
 
-    Returns ``(dqkv, dpos)``: ``(B*nW, N, 3C)`` in qkv's dtype and the ``(heads, N, N)`` sum over the windows, fp32.
+    Returns ``(dqkv, dpos)``: ``(B*nW, N, 3C)`` in qkv's dtype and the ``(heads, N, N)`` sum over the windows, fp32;
+    with ``cosine`` also the ``(heads,)`` fp32 gradient of the logit scales, ``(dqkv, dpos, dcos)``.
     """
     bw, n, c3 = qkv.shape
-    out = _grad(qkv, grad, pos, mask, heads, scale, bw, n, None, None)
-    return None if out is None else out[:2]
+    out = _grad(qkv, grad, pos, mask, heads, scale, bw, n, None, None, cosine)
+    return None if out is None else (out[:2] if cosine is None else (out[0], out[1], out[3]))
 
 
 def map_window_attention_grad(qkv: torch.Tensor, grad: torch.Tensor, pad: torch.Tensor, rows: torch.Tensor,
-                              heads: int, pos: torch.Tensor, mask: torch.Tensor | None,
-                              scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+                              heads: int, pos: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                              cosine: torch.Tensor | None = None) -> tuple | None:
     """:func:`window_attention_grad` for :func:`map_window_attention`'s layout: the windows read from the map's
     projection through ``rows``, the gradient written to the map's rows (each once) and the padding tokens' summed
     into ``pad``'s, in place of the gathers of the window partition and its reverse and their adjoints.
@@ -217,20 +220,20 @@ def map_window_attention_grad(qkv: torch.Tensor, grad: torch.Tensor, pad: torch.
     Args:
         qkv: ``(B, L, 3C)`` contiguous fp32 or bf16, the projection of the map's ``L`` tokens. grad: ``(B, L, C)``.
         pad: ``(3C,)`` the projection of a zero token. rows: ``(nW, N)`` int64 as :func:`map_window_attention`'s.
-        heads, pos, mask, scale: as :func:`window_attention_grad`.
+        heads, pos, mask, scale, cosine: as :func:`window_attention_grad`.
 
-    Returns ``(dqkv, dpos, dpad)``: ``(B, L, 3C)`` in qkv's dtype, ``(heads, N, N)`` and ``(3C,)`` in fp32; None
-    where the kernel is not built.
+    Returns ``(dqkv, dpos, dpad, dcos)``: ``(B, L, 3C)`` in qkv's dtype, ``(heads, N, N)`` and ``(3C,)`` in fp32, and
+    the ``(heads,)`` fp32 logit-scale gradient (None without ``cosine``); None where the kernel is not built.
     """
     if rows.dtype != torch.int64 or rows.dim() != 2 or not rows.is_contiguous() or pad.shape != qkv.shape[-1:]:
         raise ValueError('map window attention gradient: rows must be a contiguous int64 (nW, N) tensor and pad the '
                          '(3C,) projection of a zero token')
     _check_rows(rows, qkv.shape[1])
     return _grad(qkv, grad, pos, mask, heads, scale, qkv.shape[0] * rows.shape[0], rows.shape[1], rows,
-                 pad.detach().to(qkv.dtype).contiguous())
+                 pad.detach().to(qkv.dtype).contiguous(), cosine)
 
 
-def _grad(qkv, grad, pos, mask, heads, scale, windows, n, rows, pad):
+def _grad(qkv, grad, pos, mask, heads, scale, windows, n, rows, pad, cosine=None):
     """The gradient kernel's call shared by both layouts: checks, the call, its error."""
     lib = _kernels()
     if lib is None:
@@ -248,13 +251,18 @@ def _grad(qkv, grad, pos, mask, heads, scale, windows, n, rows, pad):
     grad = grad.to(qkv.dtype).contiguous()
     pos = pos.detach().reshape(heads, n, n).float().contiguous()
     mask = None if mask is None else mask.detach().float().contiguous()
+    if cosine is not None:
+        if cosine.numel() != heads:
+            raise ValueError(f'window attention gradient: {cosine.numel()} logit scales for {heads} heads')
+        cosine = cosine.detach().float().reshape(heads).contiguous()
     dqkv = torch.empty_like(qkv)
-    dpos, dpad = torch.zeros(heads, n, n), torch.zeros(c3)
+    dpos, dpad = torch.zeros(heads, n, n, dtype=torch.float32), torch.zeros(c3, dtype=torch.float32)
+    dcos = None if cosine is None else torch.zeros(heads, dtype=torch.float32)
     with torch.profiler.record_function('mmplugin::window_attention_grad'):
         failed = getattr(lib, f'mmplugin_window_attention_grad_{_SUFFIX[qkv.dtype]}')(
             qkv.data_ptr(), grad.data_ptr(), pos.data_ptr(), _ptr(mask), windows, nw, heads, n, c3 // (3 * heads),
             float(scale), dqkv.data_ptr(), dpos.data_ptr(), _ptr(rows), _ptr(pad), qkv.shape[1] if rows is not None
-            else 0, dpad.data_ptr(), torch.get_num_threads())
+            else 0, dpad.data_ptr(), torch.get_num_threads(), _ptr(cosine), _ptr(dcos))
     if failed:
         raise MemoryError('window attention gradient: out of memory for the scratch buffers')
-    return dqkv, dpos, dpad
+    return dqkv, dpos, dpad, dcos

@@ -3,6 +3,11 @@
  * mask and P = softmax(S) recomputed from q, k, v (nothing but the inputs is kept from the forward),
  *   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),  dQ = scale * dS K,  dK = scale * dS^T Q,
  *   dpos += dS (summed over the windows and images; the mask takes no gradient).
+ * Swin V2's cosine attention (cosine != NULL, heads floats: the per-head logit scale c_h): S = s_h qn kn^T + pos +
+ * mask with qn = q / max(|q|_2, 1e-12), kn likewise (F.normalize) and s_h = scale * c_h; then
+ *   dqn = s_h dS kn,  dkn = s_h dS^T qn,  dc_h += scale * sum(dS * qn kn^T) (into dcos, summed as dpos),
+ * and through the normalisation, x = q or k with n = |x|_2: dx = (dxn - xn (xn . dxn)) / n where n >= 1e-12, else
+ * dxn / 1e-12 (F.normalize's clamp passes no gradient to the norm below its minimum).
  * Included by window_attention.c (its vector helpers and block sizes).
  *
  * Why: the batched products of the reference backward write and read the (windows, heads, N, N) probabilities and
@@ -38,12 +43,15 @@ static inline int64_t token_row(const int64_t *rows, int64_t w, int64_t i, int64
 int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const float *pos, const float *mask,
                                        int64_t windows, int64_t nw, int64_t heads, int64_t n, int64_t d, float scale,
                                        T *dqkv, float *dpos, const int64_t *rows, const T *pad,
-                                       int64_t img_rows, float *dpad, int threads) {
+                                       int64_t img_rows, float *dpad, int threads, const float *cosine, float *dcos) {
     const int64_t np = round_up(n, KV * VW), dp = round_up(d, DV * VW), nq = round_up(n, ROWS);
     const int64_t c = heads * d, row = 3 * c;
     /* per thread: qs, go (nq, dp); kr (np, dp) keys by row; kt, vt (dp, np) keys and values transposed; p, ds (nq,
-     * np) probabilities and score gradients; acc (heads, n, n) the thread's position-bias gradient; out (dp) a row */
-    const int64_t floats = 2 * nq * dp + np * dp + 2 * dp * np + 2 * nq * np + heads * n * n + dp + row;
+     * np) probabilities and score gradients; acc (heads, n, n) the thread's position-bias gradient; out (dp) a row;
+     * accpad (3C) the padding tokens' gradient; for the cosine attention accc (heads) the logit scales' gradient, qh
+     * (nq, dp) the normalised queries, dqs, dks (nq, dp) the normalised q and k gradients, qnrm, knrm (nq) norms */
+    const int64_t extra = cosine == NULL ? 0 : heads + 3 * nq * dp + 2 * nq;
+    const int64_t floats = 2 * nq * dp + np * dp + 2 * dp * np + 2 * nq * np + heads * n * n + dp + row + extra;
     const int team = windows < threads ? (int)(windows > 0 ? windows : 1) : (threads > 0 ? threads : 1);
     /* each thread's buffer, kept past the parallel region: the bias and padding gradients are summed over the
      * threads in thread order, so a call gives the same bits every time at a given thread count */
@@ -60,18 +68,35 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
     bufs[THREAD_NUM()] = buf;
     float *qs = buf, *go = qs + nq * dp, *kr = go + nq * dp, *kt = kr + np * dp, *vt = kt + dp * np;
     float *p = vt + dp * np, *ds = p + nq * np, *acc = ds + nq * np, *tmp = acc + heads * n * n, *accpad = tmp + dp;
+    float *accc = accpad + row, *qh = accc + heads, *dqs = qh + nq * dp, *dks = dqs + nq * dp, *qnrm = dks + nq * dp,
+          *knrm = qnrm + nq;
 #pragma omp for schedule(static)
     for (int64_t w = 0; w < windows; w++) {
         if (buf == NULL) continue;
         const float *mw = mask == NULL ? NULL : mask + (w % nw) * n * n;
         for (int64_t h = 0; h < heads; h++) {
+            const float sh = cosine == NULL ? scale : scale * cosine[h];
             for (int64_t i = 0; i < n; i++) { /* the head's operands into the cache-resident layouts */
                 const int64_t t = token_row(rows, w, i, nw, n, img_rows);
                 const T *src = (t < 0 ? pad : qkv + t * row) + h * d, *gi = t < 0 ? NULL : g + t * c + h * d;
+                float qi = 1.0f, ki = 1.0f; /* divisors: F.normalize's max(|x|, 1e-12) for the cosine attention */
+                if (cosine != NULL) {
+                    float qq = 0.0f, kk = 0.0f;
+                    for (int64_t e = 0; e < d; e++) {
+                        const float a = LOAD(src, e), b = LOAD(src, c + e);
+                        qq += a * a;
+                        kk += b * b;
+                    }
+                    qnrm[i] = sqrtf(qq), knrm[i] = sqrtf(kk);
+                    qi = qnrm[i] < 1e-12f ? 1e-12f : qnrm[i]; /* NaN stays NaN */
+                    ki = knrm[i] < 1e-12f ? 1e-12f : knrm[i];
+                }
                 for (int64_t e = 0; e < d; e++) {
-                    qs[i * dp + e] = LOAD(src, e) * scale;
-                    kr[i * dp + e] = LOAD(src, c + e);
-                    kt[e * np + i] = LOAD(src, c + e);
+                    const float qe = cosine == NULL ? LOAD(src, e) : LOAD(src, e) / qi;
+                    if (cosine != NULL) qh[i * dp + e] = qe;
+                    qs[i * dp + e] = qe * sh;
+                    kr[i * dp + e] = cosine == NULL ? LOAD(src, c + e) : LOAD(src, c + e) / ki;
+                    kt[e * np + i] = kr[i * dp + e];
                     vt[e * np + i] = LOAD(src, 2 * c + e);
                     go[i * dp + e] = gi == NULL ? 0.0f : LOAD(gi, e);
                 }
@@ -133,12 +158,14 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
                 for (int64_t j = 0; j < n; j++) ai[j] += di[j];
             }
             /* dV = P^T dO, dK = scale * dS^T Q (qs carries the scale), dQ = scale * dS K: ROWS output rows and DV * VW
-             * dims at a time, written to the projection's layout */
+             * dims at a time, written to the projection's layout; for the cosine attention dK and dS K (unscaled) go
+             * to dks and dqs, for the normalisation's gradient below */
             for (int part = 0; part < 3; part++) {
                 const float *coef = part == 2 ? ds : (part == 0 ? p : ds); /* indexed [t][j] (transposed) or [j][t] */
                 const float *opnd = part == 0 ? go : (part == 1 ? qs : kr);
                 const int transposed = part < 2;
-                const float mult = part == 2 ? scale : 1.0f;
+                const float mult = part == 2 && cosine == NULL ? scale : 1.0f;
+                float *stage = cosine == NULL || part == 0 ? NULL : (part == 1 ? dks : dqs);
                 T *dst = dqkv + (part == 0 ? 2 * c : (part == 1 ? c : 0)) + h * d;
                 for (int64_t j0 = 0; j0 < n; j0 += ROWS) {
                     const int nr = n - j0 < ROWS ? (int)(n - j0) : ROWS;
@@ -161,7 +188,9 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
                             }
                             const int64_t width = d - c0 < DV * VW ? d - c0 : DV * VW;
                             const int64_t t = token_row(rows, w, j0 + r, nw, n, img_rows);
-                            if (t >= 0) {
+                            if (stage != NULL)
+                                memcpy(stage + (j0 + r) * dp + c0, tmp, (size_t)width * sizeof(float));
+                            else if (t >= 0) {
 #ifdef IS_BF16
                                 for (int64_t e = 0; e < width; e++) STORE(dst + t * row + c0, e, tmp[e]);
 #else
@@ -174,6 +203,33 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
                     }
                 }
             }
+            for (int64_t i = 0; cosine != NULL && i < n; i++) { /* through the normalisations, and the logit scale */
+                const int64_t t = token_row(rows, w, i, nw, n, img_rows);
+                float *restrict a = dqs + i * dp, *restrict b = dks + i * dp;
+                const float *restrict qe = qh + i * dp, *restrict ke = kr + i * dp;
+                float dc = 0.0f, qd = 0.0f, kd = 0.0f;
+                for (int64_t e = 0; e < d; e++) {
+                    dc += a[e] * qe[e];
+                    a[e] *= sh; /* dqn */
+                    qd += qe[e] * a[e];
+                    kd += ke[e] * b[e];
+                }
+                accc[h] += scale * dc;
+                const int qn = qnrm[i] >= 1e-12f, kn = knrm[i] >= 1e-12f; /* NaN: the clamp's branch, as PyTorch */
+                const float qdiv = qnrm[i] < 1e-12f ? 1e-12f : qnrm[i], kdiv = knrm[i] < 1e-12f ? 1e-12f : knrm[i];
+                for (int64_t e = 0; e < d; e++) {
+                    a[e] = (qn ? a[e] - qe[e] * qd : a[e]) / qdiv;
+                    b[e] = (kn ? b[e] - ke[e] * kd : b[e]) / kdiv;
+                }
+                for (int part = 0; part < 2; part++) {
+                    const float *src = part == 0 ? a : b;
+                    const int64_t col = (part == 0 ? 0 : c) + h * d;
+                    if (t >= 0)
+                        for (int64_t e = 0; e < d; e++) STORE(dqkv + t * row + col, e, src[e]);
+                    else
+                        for (int64_t e = 0; e < d; e++) accpad[col + e] += src[e];
+                }
+            }
         }
     }
     }
@@ -183,6 +239,7 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
         const float *acc = bufs[t] + acc_at, *accpad = acc + heads * n * n + dp;
         for (int64_t e = 0; e < heads * n * n; e++) dpos[e] += acc[e];
         for (int64_t e = 0; rows != NULL && e < row; e++) dpad[e] += accpad[e];
+        for (int64_t e = 0; cosine != NULL && e < heads; e++) dcos[e] += accpad[row + e];
         free(bufs[t]);
     }
     free(bufs);

@@ -18,12 +18,11 @@ a few fp32 ulps). They apply in eager autograd on the CPU in float32 / float64 (
 elsewhere (CUDA, autocast, tracing, export, ``torch.compile``, which plans its own recomputation) the callers use the
 plain ops.
 
-The window attention's exception: where the plugin's C kernels are built, the fp32 attention (and under CPU bf16
-autocast the bf16 one, :func:`map_attention_dtype`) runs in them, forward and backward, within the kernels' error
-bounds of the formulation rather than bit for bit: on the map's layout (:class:`_KernelMapAttention`, no window
-partition or reverse) or on a packed projection (:class:`_KernelWindowAttention`). Swin-T's training step at
-512x768, batch 2, on an Intel Xeon family 6 model 167 (2 threads): fp32 3004 -> 2431 ms, bf16 autocast 1415 -> 1233
-ms (docs/benchmarks.md has the command).
+The window attention's exception: where the C kernels are built, the fp32 attention (under CPU bf16 autocast the
+bf16 one, :func:`map_attention_dtype`; Swin V2's cosine attention too) runs in them, forward and backward, within
+their error bounds of the formulation: on the map's layout (:class:`_KernelMapAttention`) or a packed projection
+(:class:`_KernelWindowAttention`). Training steps at 512x768, batch 2, Intel Xeon family 6 model 167, 2 threads
+(docs/benchmarks.md): Swin-T fp32 3004 -> 2431 ms, bf16 1415 -> 1233 ms; Swin V2-T 2488 -> 1933 / 1148 -> 872 ms.
 """
 from __future__ import annotations
 
@@ -171,10 +170,9 @@ def window_softmax(logits: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor |
     ``logits`` must be a fresh product that nothing else reads (the callers' ``q k^T``; autograd keeps a product's
     inputs, not its output): the bias and the mask are added into it in place, the same additions in the same order,
     and where autograd records nothing (the recomputing attention's forward and backward) the softmax overwrites it
-    too (a row's maximum and sum are taken before any of its entries is written). So no further ``(B*nW, heads, N,
-    N)`` map is allocated (Swin-T's first stage at 512x768, batch 2: 31 MB per block, three fewer in the forward and
-    three fewer in the backward's recomputation; each fresh map that size is page-faulted in anew). Under
-    autocast a bf16 / fp16 sum is taken out of place in fp32 instead."""
+    too (a row's maximum and sum are taken before any of its entries is written): no further ``(B*nW, heads, N, N)``
+    map (31 MB per block at Swin-T's stage 1, 512x768, batch 2). Under autocast a bf16 / fp16 sum is taken out of
+    place in fp32 instead."""
     bw, heads, n, _ = logits.shape
     summed = logits.view(b, bw // b, heads, n, n)
     wide = torch.promote_types(summed.dtype, pos.dtype)
@@ -267,25 +265,28 @@ class _KernelMapAttention(torch.autograd.Function):
     """:class:`_KernelWindowAttention` on the map's layout (:func:`mmplugin.ops.window_attention.map_window_attention`
     and its gradient): q, k, v projected on the map's real tokens and read through the window rows, the output and
     the gradient written to the map's rows, the padding tokens' gradient summed into the zero token's projection
-    ``pad``. No window partition, reverse or their adjoints. Returns ``(B, L, C)``."""
+    ``pad``. No window partition, reverse or their adjoints. Swin V2's cosine attention passes its per-head logit
+    scale ``cosine`` (it takes a gradient); V1 passes None. Returns ``(B, L, C)``."""
 
     @staticmethod
-    def forward(ctx, qkv, pad, pos, rows, mask, heads, scale):
-        ctx.save_for_backward(qkv, pad, pos, rows, mask)
+    def forward(ctx, qkv, pad, pos, rows, mask, heads, scale, cosine):
+        ctx.save_for_backward(qkv, pad, pos, rows, mask, cosine)
         ctx.heads, ctx.scale = heads, scale
-        return map_window_attention(qkv, pad.to(qkv.dtype), rows, heads, pos, mask, scale)
+        return map_window_attention(qkv, pad.to(qkv.dtype), rows, heads, pos, mask, scale, cosine)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        qkv, pad, pos, rows, mask = ctx.saved_tensors
-        dqkv, dpos, dpad = map_window_attention_grad(qkv, grad, pad, rows, ctx.heads, pos, mask, ctx.scale)
-        d_pos = dpos.view(pos.shape).to(pos.dtype) if ctx.needs_input_grad[2] else None
-        return dqkv, dpad.to(pad.dtype) if ctx.needs_input_grad[1] else None, d_pos, None, None, None, None
+        qkv, pad, pos, rows, mask, cos = ctx.saved_tensors
+        dqkv, dpos, dpad, dcos = map_window_attention_grad(qkv, grad, pad, rows, ctx.heads, pos, mask, ctx.scale, cos)
+        need = ctx.needs_input_grad
+        return (dqkv, dpad.to(pad.dtype) if need[1] else None, dpos.view(pos.shape).to(pos.dtype) if need[2] else None,
+                None, None, None, None, dcos.view(cos.shape).to(cos.dtype) if cos is not None and need[7] else None)
 
 
 def map_window_softmax_attention(qkv: torch.Tensor, pad: torch.Tensor, rows: torch.Tensor, heads: int,
-                                 pos: torch.Tensor, mask: torch.Tensor | None, scale: float) -> torch.Tensor | None:
+                                 pos: torch.Tensor, mask: torch.Tensor | None, scale: float,
+                                 cosine: torch.Tensor | None = None) -> torch.Tensor | None:
     """``softmax(scale * q k^T + pos + mask) v`` over the windows of a map, for CPU training (fp32, or the bf16
     projection of bf16 autocast: :func:`map_attention_dtype`), in the plugin's kernels (:class:`_KernelMapAttention`),
     or None where they do not apply (the caller partitions the map and runs :func:`window_softmax_attention`).
@@ -294,15 +295,16 @@ def map_window_softmax_attention(qkv: torch.Tensor, pad: torch.Tensor, rows: tor
         qkv: ``(B, L, 3C)`` the projection of the map's ``L`` tokens. pad: ``(3C,)`` a zero token's projection.
         rows: ``(nW, N)`` each window token's map row (-1: padding), :meth:`WindowGeometry.map_rows`.
         heads, pos, mask, scale: as :func:`window_softmax_attention` (``pos`` ``(1, heads, N, N)``).
+        cosine: Swin V2's ``heads`` fp32 logit scales or None: scores ``scale * cosine[h] * cos(q, k) + pos + mask``.
 
-    Returns ``(B, L, C)``.
-    """
+    Returns ``(B, L, C)``."""
     if not (qkv.dtype == pad.dtype and qkv.dtype in (torch.float32, torch.bfloat16) and pos.dtype == torch.float32
             and (mask is None or mask.is_floating_point())  # the mask's 0 and -100: exact in any float type
-            and qkv.dim() == 3 and qkv.is_contiguous() and _eager_cpu_training(qkv, (pad, pos))
-            and kernel_context(qkv, pad, pos, rows, mask)):
+            and (cosine is None or (cosine.dtype == torch.float32 and cosine.numel() == heads))
+            and qkv.dim() == 3 and qkv.is_contiguous() and _eager_cpu_training(qkv, (pad, pos, cosine))
+            and kernel_context(qkv, pad, pos, rows, mask, cosine)):
         return None
-    return _KernelMapAttention.apply(qkv, pad, pos, rows, mask, heads, scale)
+    return _KernelMapAttention.apply(qkv, pad, pos, rows, mask, heads, scale, cosine)
 
 
 def _kernel_applies(packed: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None) -> bool:

@@ -198,7 +198,7 @@ class WindowAttentionBase(nn.Module):
     def _map_attention(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor | None:
         """q, k, v of the map's real tokens, attended by the plugin's kernel in place of partition, padding and reverse
         (:func:`mmplugin.ops.window_attention.map_window_attention`): at CPU inference (fp32, bf16), and in CPU
-        training (fp32, bf16 autocast; V1 without dropout) with the kernels' backward
+        training (fp32, bf16 autocast; V1 and V2 without dropout) with the kernels' backward
         (:func:`mmplugin.models.layers.recompute.map_window_softmax_attention`). Returns ``(B, H, W, C)``, or None
         where they do not apply (decided before the projection, so a fallback never projects twice)."""
         training = torch.is_grad_enabled()
@@ -215,8 +215,6 @@ class WindowAttentionBase(nn.Module):
                     or not kernel_available():
                 return None
         scale, cosine = self.attention_scales()
-        if training and cosine is not None:
-            return None
         b, h, w, c = x.shape
         qkv = self.project(x.reshape(b, h * w, c))
         if not qkv.is_contiguous():
@@ -224,8 +222,10 @@ class WindowAttentionBase(nn.Module):
         pad = self.project(x.new_zeros(1, c)).view(-1)  # a padding token's q, k, v (the projection's bias)
         pos = self.position_bias(geom.ws)
         if training:
-            out = map_window_softmax_attention(qkv, pad, geom.map_rows(), self.num_heads, pos.unsqueeze(0), geom.mask,
-                                               (c // self.num_heads)**-0.5 if scale is None else scale)
+            # V2's bias comes from its MLP, bf16 under autocast: the kernels take it in fp32 (the same values)
+            out = map_window_softmax_attention(qkv, pad, geom.map_rows(), self.num_heads, pos.float().unsqueeze(0),
+                                               geom.mask, (c // self.num_heads)**-0.5 if scale is None else scale,
+                                               cosine)
         else:
             out = map_window_attention(qkv, pad.to(qkv.dtype), geom.map_rows(), self.num_heads, pos, geom.mask,
                                        scale, cosine)
