@@ -86,11 +86,13 @@ def prepare(module: nn.Module) -> nn.Module:
     ``channels_last`` switch to NCHW: layout conversions become ``_clone_dim_order`` ops that XNNPACK and the Core ML
     partitioner reject.
     """
+    from mmplugin.models.layers.prepack import release_prepacked
     m = copy.deepcopy(module).eval()
     if callable(getattr(m, 'switch_to_deploy', None)):
         m.switch_to_deploy()
     else:
         _deploy_(m)
+    release_prepacked(m)  # graph capture never reads packed weights: no frozen marks left on the copy
     for sub in m.modules():
         if getattr(sub, 'channels_last', None) is True:
             sub.channels_last = False

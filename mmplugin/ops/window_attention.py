@@ -222,15 +222,17 @@ def map_window_attention_grad(qkv: torch.Tensor, grad: torch.Tensor, pad: torch.
         pad: ``(3C,)`` the projection of a zero token. rows: ``(nW, N)`` int64 as :func:`map_window_attention`'s.
         heads, pos, mask, scale, cosine: as :func:`window_attention_grad`.
 
-    Returns ``(dqkv, dpos, dpad, dcos)``: ``(B, L, 3C)`` in qkv's dtype, ``(heads, N, N)`` and ``(3C,)`` in fp32, and
-    the ``(heads,)`` fp32 logit-scale gradient (None without ``cosine``); None where the kernel is not built.
+    Returns ``(dqkv, dpos, dpad)``: ``(B, L, 3C)`` in qkv's dtype, ``(heads, N, N)`` and ``(3C,)`` in fp32; with
+    ``cosine`` also the ``(heads,)`` fp32 logit-scale gradient, ``(dqkv, dpos, dpad, dcos)``; None where the kernel is
+    not built.
     """
     if rows.dtype != torch.int64 or rows.dim() != 2 or not rows.is_contiguous() or pad.shape != qkv.shape[-1:]:
         raise ValueError('map window attention gradient: rows must be a contiguous int64 (nW, N) tensor and pad the '
                          '(3C,) projection of a zero token')
     _check_rows(rows, qkv.shape[1])
-    return _grad(qkv, grad, pos, mask, heads, scale, qkv.shape[0] * rows.shape[0], rows.shape[1], rows,
-                 pad.detach().to(qkv.dtype).contiguous(), cosine)
+    out = _grad(qkv, grad, pos, mask, heads, scale, qkv.shape[0] * rows.shape[0], rows.shape[1], rows,
+                pad.detach().to(qkv.dtype).contiguous(), cosine)
+    return None if out is None else (out[:3] if cosine is None else out)
 
 
 def _grad(qkv, grad, pos, mask, heads, scale, windows, n, rows, pad, cosine=None):

@@ -94,7 +94,7 @@ def int8_ready(module: nn.Module) -> nn.Module:
         if hasattr(sub, 'channels_last'):
             sub.channels_last = False
         if callable(getattr(sub, 'switch_to_deploy', None)) and type(sub).__name__ == 'SwiftFormer':
-            sub.switch_to_deploy()
+            sub.switch_to_deploy(prepack=False)  # int8 graphs never read packed fp32 / bf16 weights
     for parent in list(m.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is EfficientAdditiveAttention:

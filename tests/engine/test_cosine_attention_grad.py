@@ -15,7 +15,7 @@ from mmplugin.models.layers import recompute
 from mmplugin.ops import build
 from mmplugin.ops import window_attention as wa
 from mmplugin.reference.swin import ReferenceSwin
-from mmplugin.testing.numeric import U_BF16, U_FP32, worst_case_bound
+from mmplugin.testing.numeric import U_BF16, U_FP32
 
 pytestmark = pytest.mark.numeric
 
@@ -67,11 +67,16 @@ def _bounds(bw, n, d):
     return grads, grads + (bw + n + d) * U_FP32
 
 
-def _parts(dqkv, heads, d):
-    """The q, k and v columns of a ``(..., 3C)`` gradient, each judged on its own scale (a zero key's gradient is its
-    normalised gradient over the 1e-12 floor of the norm: larger than the others by that factor)."""
+def _check_qkv(got, want, heads, d, bound):
+    """The q, k and v columns of a ``(..., 3C)`` gradient, each on its own scale, and the keys of zero norm apart: a
+    zero key's gradient is its normalised gradient over the 1e-12 floor of the norm, about 1e12 times the others."""
     c = heads * d
-    return dqkv[..., :c], dqkv[..., c:2 * c], dqkv[..., 2 * c:]
+    for part in range(3):
+        g, w = got[..., part * c:(part + 1) * c], want[..., part * c:(part + 1) * c]
+        floored = w.abs() > 1e6
+        assert part == 1 or not floored.any()  # only a zero key (a one-token window's has no gradient at all)
+        for sel in (~floored, floored) if floored.any() else (~floored, ):
+            assert rel_err(g[sel], w[sel]) <= bound, part
 
 
 SHAPES = [(12, 3, 49, 32, 4), (5, 3, 10, 5, 1), (4, 2, 50, 24, 2), (3, 1, 1, 16, 1)]
@@ -90,8 +95,7 @@ def test_cosine_gradients_equal_the_formulation(shape, dtype, kernel):
     assert dqkv.dtype == dtype and dpos.shape == (heads, n, n) and dcos.shape == (heads, )
     bound, cos_bound = _bounds(bw, n, d)
     rounding = U_BF16 if dtype == torch.bfloat16 else 0
-    for got, want in zip(_parts(dqkv.double(), heads, d), _parts(want_qkv, heads, d)):
-        assert rel_err(got, want) <= bound + rounding
+    _check_qkv(dqkv.double(), want_qkv, heads, d, bound + rounding)
     assert rel_err(dpos.double(), want_pos) <= bound
     assert rel_err(dcos.double(), want_cos) <= cos_bound
 
@@ -109,8 +113,7 @@ def test_every_isa_build_computes_the_cosine_gradient(isa, shape):
               dcos.data_ptr()) == 0
     want_qkv, want_pos, want_cos = reference_grads(qkv, pos, mask, grad, cosine, heads, 0.5)
     bound, cos_bound = _bounds(bw, n, d)
-    for got, want in zip(_parts(dqkv.double(), heads, d), _parts(want_qkv, heads, d)):
-        assert rel_err(got, want) <= bound
+    _check_qkv(dqkv.double(), want_qkv, heads, d, bound)
     assert rel_err(dpos.double(), want_pos) <= bound and rel_err(dcos.double(), want_cos) <= cos_bound
 
 
@@ -160,24 +163,25 @@ def test_map_layout_cosine_gradient_with_zero_token_padding(dtype, kernel):
     want = torch.autograd.grad(merged, (qkv64, pad64, pos64, cos64), grad.double())
     bound, cos_bound = _bounds(2 * geom.mask.shape[0], n, d)
     rounding = U_BF16 if dtype == torch.bfloat16 else 0
-    for got, ref in zip(_parts(dqkv.double(), heads, d), _parts(want[0], heads, d)):
-        assert rel_err(got, ref) <= bound + rounding
-    for got, ref in zip(_parts(dpad.double(), heads, d), _parts(want[1], heads, d)):  # the key part: over 1e-12
-        assert rel_err(got, ref) <= bound
+    c = heads * d
+    for part in range(3):
+        assert rel_err(dqkv.double()[..., part * c:(part + 1) * c], want[0][..., part * c:(part + 1) * c]) <= \
+            bound + rounding
+    _check_qkv(dpad.double(), want[1], heads, d, bound)  # the zero token's key: over the norm's floor
     assert rel_err(dpos.double(), want[2]) <= bound and rel_err(dcos.double(), want[3]) <= cos_bound
 
 
 @pytest.mark.parametrize('autocast', [False, True])
 def test_swin_v2_training_gradients_equal_the_official_formulation(autocast, kernel, monkeypatch):
-    """A padded, shifted Swin V2 in CPU training with the kernels in every block: every parameter's gradient against
-    the official formulation in float64. fp32: within fp32's worst-case bound (as V1's,
-    tests/engine/test_window_attention_grad.py); a wiring fault (the logit scale's or the bias's gradient, the
-    padding) is off by order one. bf16 autocast (the position-bias MLP's bf16 output reaches the kernels in fp32):
-    each gradient within twice the error of the plugin's batched bf16 path (the formulation's products in bf16),
-    or ``BF16_VS_FP32`` where that is smaller: no worse than autocast's own arithmetic, whose position-bias MLP
-    gradients cancel heavily in bf16 (up to 0.76 of their largest entry on these weights, either path)."""
+    """A padded, shifted Swin V2 in CPU training with the kernels in every block, fp32 and bf16 autocast (where the
+    position-bias MLP's bf16 output reaches the kernels in fp32): every parameter's gradient against the official
+    formulation in float64 is within twice the error of the plugin's batched path in the same precision (the
+    formulation's own products, softmax and normalisations), or within ``FP32_PARITY`` / ``BF16_VS_FP32`` where that
+    is larger: no worse than the formulation's arithmetic. A wiring fault (the logit scale's or the bias's
+    gradient, the padding) is off by order one; under bf16 autocast the position-bias MLP's gradients cancel
+    heavily in either path (up to 0.76 of their largest entry on these weights)."""
     import mmplugin.models.backbones.swin.attention as attention
-    from mmplugin.testing.numeric import BF16_VS_FP32
+    from mmplugin.testing.numeric import BF16_VS_FP32, FP32_PARITY
     calls = []
     fwd = recompute._KernelMapAttention.forward
     monkeypatch.setattr(recompute._KernelMapAttention, 'forward', staticmethod(lambda *a: calls.append(1) or fwd(*a)))
@@ -201,11 +205,9 @@ def test_swin_v2_training_gradients_equal_the_official_formulation(autocast, ker
 
     kernel_errors = errors()
     assert len(calls) == sum(arch['depths'])
-    if not autocast:
-        assert all(e < worst_case_bound(U_FP32) for e in kernel_errors.values()), kernel_errors
-        return
     monkeypatch.setattr(attention, 'map_window_softmax_attention', lambda *a, **k: None)
     batched_errors = errors()
     assert len(calls) == sum(arch['depths'])  # the kernels did not run again
+    floor = BF16_VS_FP32 if autocast else FP32_PARITY
     for name, e in kernel_errors.items():
-        assert e <= max(2 * batched_errors[name], BF16_VS_FP32), (name, e, batched_errors[name])
+        assert e <= max(2 * batched_errors[name], floor), (name, e, batched_errors[name])

@@ -151,7 +151,7 @@ def test_map_layout_gradient_equals_partition_and_reverse(hw, shift, dtype, kern
     qkv, pad, grad = qkv.to(dtype), pad.to(dtype), grad.to(dtype)
     with torch.no_grad():
         out = wa.map_window_attention(qkv, pad, rows, heads, pos, mask, d**-0.5)
-    dqkv, dpos, dpad, _ = wa.map_window_attention_grad(qkv, grad, pad, rows, heads, pos, mask, d**-0.5)
+    dqkv, dpos, dpad = wa.map_window_attention_grad(qkv, grad, pad, rows, heads, pos, mask, d**-0.5)
     qkv64, pad64, pos64 = (t.double().requires_grad_() for t in (qkv, pad, pos))
     src = torch.where(rows < 0, h * w, rows).flatten()  # the padding reads row h * w: pad
     win = torch.cat((qkv64, pad64.expand(b, 1, -1)), 1)[:, src].reshape(-1, n, 3 * heads * d)

@@ -91,6 +91,22 @@ def test_gradient_comes_back_channels_last(shape, threads):
     assert torch.autograd.grad(contiguous_nchw(nchw), nchw, g)[0].is_contiguous()
 
 
+def test_batched_and_forward_mode_derivatives_are_the_copys():
+    """Batched gradients (``is_grads_batched``, a vectorised jacobian) come back as they arrive, and forward-mode AD
+    takes the copy's tangent: both equal what ``x.contiguous()`` gives."""
+    import torch.autograd.forward_ad as fwAD
+    x = _channels_last(1, 3, 4, 5).requires_grad_(True)
+    gs = torch.randn(2, 1, 3, 4, 5, generator=torch.Generator().manual_seed(4))
+    (got,) = torch.autograd.grad(contiguous_nchw(x), x, gs, is_grads_batched=True)
+    assert torch.equal(got, gs)
+    jac = torch.autograd.functional.jacobian(contiguous_nchw, x.detach(), vectorize=True)
+    assert torch.equal(jac, torch.autograd.functional.jacobian(lambda t: t.contiguous(), x.detach()))
+    tangent = _channels_last(1, 3, 4, 5) * 2
+    with fwAD.dual_level():
+        out = contiguous_nchw(fwAD.make_dual(x, tangent))
+        assert torch.equal(fwAD.unpack_dual(out).tangent, tangent.contiguous())
+
+
 def test_swiftformer_backward_runs_on_one_layout():
     """A SwiftFormer training backward hands every BatchNorm and convolution backward a gradient in its input's
     memory format (mixed formats take PyTorch's slow paths), and the parameter gradients equal those of the

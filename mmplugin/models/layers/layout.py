@@ -54,7 +54,13 @@ class _NchwWithChannelsLastGrad(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: torch.Tensor) -> torch.Tensor:
+        if torch._C._functorch.is_batchedtensor(g) or torch._C._functorch.is_legacy_batchedtensor(g):
+            return g  # batched gradients (``is_grads_batched``, vectorised jacobians) cannot query memory formats
         return _to_channels_last(g)
+
+    @staticmethod
+    def jvp(ctx, tangent: torch.Tensor) -> torch.Tensor:
+        return tangent.contiguous()  # forward-mode AD: the copy's own
 
 
 def contiguous_nchw(x: torch.Tensor) -> torch.Tensor:

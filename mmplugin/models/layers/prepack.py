@@ -43,8 +43,8 @@ def _forget(key: int) -> None:
 def prepack_weights(module: nn.Module) -> nn.Module:
     """Mark every linear and 1x1 convolution weight of ``module`` as frozen for CPU inference (packed on first use,
     see the module docstring); returns ``module``. State dicts, checkpoints and training are unaffected: training
-    paths never read the packed copies. Modules built later (``switch_to_deploy()`` makes new convolutions) need
-    another call: deploy first, then prepack."""
+    paths never read the packed copies. Modules built later need another call (SwiftFormer's ``switch_to_deploy()``
+    freezes the convolutions it makes itself)."""
     for m in module.modules():
         if (isinstance(m, nn.Linear) or (isinstance(m, nn.Conv2d) and m.kernel_size == (1, 1))) and _AVAILABLE:
             key = id(m.weight)

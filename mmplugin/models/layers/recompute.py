@@ -19,9 +19,9 @@ elsewhere (CUDA, autocast, tracing, export, ``torch.compile``, which plans its o
 plain ops.
 
 The window attention's exception: where the C kernels are built, the fp32 attention (under CPU bf16 autocast the
-bf16 one, :func:`map_attention_dtype`; Swin V2's cosine attention too) runs in them, forward and backward, within
-their error bounds of the formulation: on the map's layout (:class:`_KernelMapAttention`) or a packed projection
-(:class:`_KernelWindowAttention`). Training steps at 512x768, batch 2, Intel Xeon family 6 model 167, 2 threads
+bf16 one, :func:`map_attention_dtype`) runs in them, forward and backward, within their error bounds of the
+formulation: on the map's layout (:class:`_KernelMapAttention`, V1 and V2's cosine attention) or a packed projection
+(:class:`_KernelWindowAttention`, V1). Training steps at 512x768, batch 2, Intel Xeon family 6 model 167, 2 threads
 (docs/benchmarks.md): Swin-T fp32 3004 -> 2431 ms, bf16 1415 -> 1233 ms; Swin V2-T 2488 -> 1933 / 1148 -> 872 ms.
 """
 from __future__ import annotations
@@ -278,10 +278,10 @@ class _KernelMapAttention(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad):
         qkv, pad, pos, rows, mask, cos = ctx.saved_tensors
-        dqkv, dpos, dpad, dcos = map_window_attention_grad(qkv, grad, pad, rows, ctx.heads, pos, mask, ctx.scale, cos)
+        dqkv, dpos, dpad, *dcos = map_window_attention_grad(qkv, grad, pad, rows, ctx.heads, pos, mask, ctx.scale, cos)
         need = ctx.needs_input_grad
         return (dqkv, dpad.to(pad.dtype) if need[1] else None, dpos.view(pos.shape).to(pos.dtype) if need[2] else None,
-                None, None, None, None, dcos.view(cos.shape).to(cos.dtype) if cos is not None and need[7] else None)
+                None, None, None, None, dcos[0].view(cos.shape).to(cos.dtype) if cos is not None and need[7] else None)
 
 
 def map_window_softmax_attention(qkv: torch.Tensor, pad: torch.Tensor, rows: torch.Tensor, heads: int,

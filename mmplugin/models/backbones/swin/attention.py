@@ -222,10 +222,11 @@ class WindowAttentionBase(nn.Module):
         pad = self.project(x.new_zeros(1, c)).view(-1)  # a padding token's q, k, v (the projection's bias)
         pos = self.position_bias(geom.ws)
         if training:
-            # V2's bias comes from its MLP, bf16 under autocast: the kernels take it in fp32 (the same values)
+            # V2's bias comes from its MLP, bf16 under autocast, and its logit scales from a bf16 model's parameter:
+            # the kernels take them in fp32 (the same values)
             out = map_window_softmax_attention(qkv, pad, geom.map_rows(), self.num_heads, pos.float().unsqueeze(0),
                                                geom.mask, (c // self.num_heads)**-0.5 if scale is None else scale,
-                                               cosine)
+                                               None if cosine is None else cosine.float())
         else:
             out = map_window_attention(qkv, pad.to(qkv.dtype), geom.map_rows(), self.num_heads, pos, geom.mask,
                                        scale, cosine)
