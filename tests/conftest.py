@@ -125,6 +125,29 @@ def tiny_backbone(family: str) -> torch.nn.Module:
     return randomize_(m, seed=1).eval()
 
 
+def swin_kernel_training_case(v2: bool, monkeypatch):
+    """A padded, shifted small Swin (V1 or V2) in CPU training, counting the calls of the window-attention kernels
+    on the map's layout, with the official formulation's float64 gradients of the same weights and output
+    weighting: ``(model, x, weights, want, calls)``; ``want`` maps parameter names to gradients, ``calls`` grows by
+    one per kernel forward."""
+    from mmplugin.models.backbones import SwinTransformer, SwinTransformerV2
+    from mmplugin.models.layers import recompute
+    from mmplugin.reference.swin import ReferenceSwin
+    calls = []
+    fwd = recompute._KernelMapAttention.forward
+    monkeypatch.setattr(recompute._KernelMapAttention, 'forward', staticmethod(lambda *a: calls.append(1) or fwd(*a)))
+    arch = dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8])
+    cls = SwinTransformerV2 if v2 else SwinTransformer
+    model = randomize_(cls(arch, window_size=7, drop_path_rate=0.0), seed=5).train()
+    ref = ReferenceSwin(arch['embed_dims'], arch['depths'], arch['num_heads'], 7, v2, 0).double().train()
+    ref.load_state_dict(model.state_dict(), strict=True)
+    x = torch.randn(2, 3, 71, 90, generator=torch.Generator().manual_seed(0))
+    weights = [torch.randn(o.shape, dtype=torch.float64) for o in ref(x.double())]
+    sum((o * w).sum() for o, w in zip(ref(x.double()), weights)).backward()
+    want = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
+    return model, x, weights, want, calls
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -8,13 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import isa_kernel, randomize_, rel_err
+from conftest import isa_kernel, rel_err, swin_kernel_training_case
 
-from mmplugin.models.backbones import SwinTransformerV2
-from mmplugin.models.layers import recompute
 from mmplugin.ops import build
 from mmplugin.ops import window_attention as wa
-from mmplugin.reference.swin import ReferenceSwin
 from mmplugin.testing.numeric import U_BF16, U_FP32
 
 pytestmark = pytest.mark.numeric
@@ -182,17 +179,7 @@ def test_swin_v2_training_gradients_equal_the_official_formulation(autocast, ker
     heavily in either path (up to 0.76 of their largest entry on these weights)."""
     import mmplugin.models.backbones.swin.attention as attention
     from mmplugin.testing.numeric import BF16_VS_FP32, FP32_PARITY
-    calls = []
-    fwd = recompute._KernelMapAttention.forward
-    monkeypatch.setattr(recompute._KernelMapAttention, 'forward', staticmethod(lambda *a: calls.append(1) or fwd(*a)))
-    arch = dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8])
-    model = randomize_(SwinTransformerV2(arch, window_size=7, drop_path_rate=0.0), seed=5).train()
-    ref = ReferenceSwin(arch['embed_dims'], arch['depths'], arch['num_heads'], 7, True, 0).double().train()
-    ref.load_state_dict(model.state_dict(), strict=True)
-    x = torch.randn(2, 3, 71, 90, generator=torch.Generator().manual_seed(0))
-    weights = [torch.randn(o.shape, dtype=torch.float64) for o in ref(x.double())]
-    sum((o * w).sum() for o, w in zip(ref(x.double()), weights)).backward()
-    want = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
+    model, x, weights, want, calls = swin_kernel_training_case(True, monkeypatch)
 
     def errors():
         model.zero_grad(set_to_none=True)
@@ -204,10 +191,10 @@ def test_swin_v2_training_gradients_equal_the_official_formulation(autocast, ker
         return {n: rel_err(got[n].double(), g) for n, g in want.items()}
 
     kernel_errors = errors()
-    assert len(calls) == sum(arch['depths'])
+    assert len(calls) == sum(model.depths)
     monkeypatch.setattr(attention, 'map_window_softmax_attention', lambda *a, **k: None)
     batched_errors = errors()
-    assert len(calls) == sum(arch['depths'])  # the kernels did not run again
+    assert len(calls) == sum(model.depths)  # the kernels did not run again
     floor = BF16_VS_FP32 if autocast else FP32_PARITY
     for name, e in kernel_errors.items():
         assert e <= max(2 * batched_errors[name], floor), (name, e, batched_errors[name])

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import isa_kernel, randomize_, rel_err
+from conftest import isa_kernel, rel_err, swin_kernel_training_case
 
 from mmplugin.models.backbones import SwinTransformer
 from mmplugin.models.layers import recompute
 from mmplugin.ops import build
 from mmplugin.ops import window_attention as wa
-from mmplugin.reference.swin import ReferenceSwin
 from mmplugin.testing.numeric import U_BF16, U_FP32, worst_case_bound
 
 pytestmark = pytest.mark.numeric
@@ -222,19 +221,9 @@ def test_swin_fp32_training_gradients_equal_the_official_formulation(kernel, mon
     here: the bias and norm gradients sum over every token of the batch (up to 12,780 terms at stage 1), beyond its
     4096-term premise, and fp32 training gradients through the batched products miss it too (up to 7e-4 on these
     weights). A wiring fault (mask, scale, layout, the bias gradient) is off by order one."""
-    calls = []
-    fwd = recompute._KernelMapAttention.forward
-    monkeypatch.setattr(recompute._KernelMapAttention, 'forward', staticmethod(lambda *a: calls.append(1) or fwd(*a)))
-    arch = dict(embed_dims=32, depths=[2, 2, 2, 2], num_heads=[1, 2, 4, 8])
-    model = randomize_(SwinTransformer(arch, window_size=7, drop_path_rate=0.0), seed=5).train()
-    ref = ReferenceSwin(arch['embed_dims'], arch['depths'], arch['num_heads'], 7, False, 0).double().train()
-    ref.load_state_dict(model.state_dict(), strict=True)
-    x = torch.randn(2, 3, 71, 90, generator=torch.Generator().manual_seed(0))
-    weights = [torch.randn(o.shape, dtype=torch.float64) for o in ref(x.double())]
-    sum((o * w).sum() for o, w in zip(ref(x.double()), weights)).backward()
+    model, x, weights, want, calls = swin_kernel_training_case(False, monkeypatch)
     sum((o.double() * w).sum() for o, w in zip(model(x), weights)).backward()
-    assert len(calls) == sum(arch['depths'])
-    want = {n: p.grad for n, p in ref.named_parameters() if p.grad is not None}
+    assert len(calls) == sum(model.depths)
     got = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
     assert got.keys() == want.keys()  # no gradient dropped
     for name, g in want.items():
