@@ -31,9 +31,10 @@ _FLAGS = ['-O3', '-shared', '-fPIC', '-std=c99']
 # with OpenMP: linked by soname, it shares the runtime a torch build linked as libgomp.so.1 has loaded, so the kernel
 # runs on torch's intra-op threads instead of competing with them while they spin-wait for the next operator (where
 # torch bundles a renamed copy, the kernel gets a pool of its own, sized by torch.get_num_threads() all the same); gelu
-# and layer_norm as window_attention
+# and layer_norm as window_attention; transpose (a bit copy) with OpenMP only
 _KERNEL_FLAGS = {'roi_align': ['-ffp-contract=off'], 'window_attention': ['-ffp-contract=fast', '-fopenmp'],
-                 'gelu': ['-ffp-contract=fast', '-fopenmp'], 'layer_norm': ['-ffp-contract=fast', '-fopenmp']}
+                 'gelu': ['-ffp-contract=fast', '-fopenmp'], 'layer_norm': ['-ffp-contract=fast', '-fopenmp'],
+                 'transpose': ['-fopenmp']}
 # vector code for the kernel family torch dispatches to (torch.backends.cpu.get_cpu_capability(), which
 # ATEN_CPU_CAPABILITY lowers), so a library never uses instructions the process was told to avoid
 # (AVX512_BF16: AVX-512 plus the bf16 dot-product instructions, where the CPU has them: window attention's bf16 path

@@ -1,6 +1,6 @@
 """The returned maps' layout: ``contiguous_nchw`` is ``x.contiguous()`` (same values bit for bit, NCHW memory, NaN
-and Inf where they were), by its blocked transpose for channels_last CPU maps and by ``x.contiguous()``
-itself everywhere else; under autograd its gradient comes back channels_last."""
+and Inf where they were), by a transpose (the plugin's kernel, or ATen's blocked copy) for channels_last CPU maps
+and by ``x.contiguous()`` itself everywhere else; under autograd its gradient comes back channels_last."""
 from __future__ import annotations
 
 import pytest
@@ -55,10 +55,19 @@ class _threads:
 
 
 def test_takes_the_blocked_transpose_only_for_channels_last_maps(monkeypatch):
-    """An NCHW map comes back as it is; while traced, or with more threads than the blocked copy pays off at, the
-    result is ``x.contiguous()`` (the strided copy)."""
+    """An NCHW map comes back as it is; while traced the result is ``x.contiguous()``. The transpose kernel serves
+    every thread count; without it (no compiler), ATen's blocked copy serves up to two threads and the strided copy
+    beyond, where it is the faster."""
+    from mmplugin.ops import transpose
     x = _channels_last(2, 96, 40, 40)
     copies = _strided_copies(monkeypatch)
+    kernel_calls = []
+    plain_kernel = transpose.transpose_into
+
+    def spy(*args):
+        kernel_calls.append(args[2:])
+        return plain_kernel(*args)
+    monkeypatch.setattr(transpose, 'transpose_into', spy)
     with torch.no_grad(), _threads(2):
         contiguous_nchw(x)
         plain = x.contiguous()
@@ -66,7 +75,15 @@ def test_takes_the_blocked_transpose_only_for_channels_last_maps(monkeypatch):
     assert len(copies) == 1  # the reference above only
     with torch.no_grad(), _threads(4):
         assert torch.equal(contiguous_nchw(x), plain)
-    assert len(copies) == 2
+    assert len(copies) == 1 and kernel_calls == [(2, 1600, 96)] * 2 and transpose.available()
+    monkeypatch.setattr(transpose, 'available', lambda: False)
+    monkeypatch.setattr(transpose, 'transpose_into', lambda *args: False)
+    with torch.no_grad(), _threads(2):
+        assert torch.equal(contiguous_nchw(x), plain)
+    assert len(copies) == 1  # ATen's blocked copy
+    with torch.no_grad(), _threads(4):
+        assert torch.equal(contiguous_nchw(x), plain)
+    assert len(copies) == 2  # the strided copy
     with _threads(2):
         traced = torch.jit.trace(contiguous_nchw, (x,))
     assert any(n.kind() == 'aten::contiguous' for n in traced.graph.nodes())

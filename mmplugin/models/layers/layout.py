@@ -3,25 +3,32 @@ from __future__ import annotations
 
 import torch
 
+from mmplugin.ops import transpose
+
 __all__ = ['contiguous_nchw']
 
 _MIN_BLOCKED = 60 * 60  # ATen copies a transposed matrix in cache blocks from this many elements on
-_MAX_THREADS = 2  # the blocked copy runs on one thread: measured ahead of the parallel strided copy up to 2 threads
+_MAX_THREADS = 2  # ATen's blocked copy runs on one thread: measured ahead of the parallel strided copy up to 2 threads
 
 
 def _blocked(x: torch.Tensor) -> bool:
-    """The per-image blocked transpose pays off for this map (CPU, at most ``_MAX_THREADS`` threads, big enough)."""
-    return (x.device.type == 'cpu' and torch.get_num_threads() <= _MAX_THREADS
-            and x.shape[1] * x.shape[2] * x.shape[3] >= _MIN_BLOCKED)
+    """A transpose pays off for this map (CPU, big enough), by the plugin's kernel on every thread count or else by
+    ATen's blocked copy on at most ``_MAX_THREADS`` threads."""
+    return (x.device.type == 'cpu' and x.shape[1] * x.shape[2] * x.shape[3] >= _MIN_BLOCKED
+            and (torch.get_num_threads() <= _MAX_THREADS or transpose.available()))
 
 
 def _to_nchw(x: torch.Tensor) -> torch.Tensor:
     """A channels_last ``(B, C, H, W)`` map copied to NCHW memory: one ``(H*W, C) -> (C, H*W)`` transpose per
-    image where that pays off, else the strided copy."""
+    image where that pays off (the plugin's kernel, else ATen's blocked copy), else the strided copy."""
     if not _blocked(x):
         return x.contiguous()
     b, c, h, w = x.shape
     out = torch.empty((b, c, h, w), dtype=x.dtype)
+    if transpose.transpose_into(x.permute(0, 2, 3, 1), out, b, h * w, c):
+        return out
+    if torch.get_num_threads() > _MAX_THREADS:
+        return x.contiguous()
     for i in range(b):  # (H*W, C) rows of image i, transposed into its (C, H*W) planes
         out[i].view(c, h * w).copy_(x[i].permute(1, 2, 0).reshape(h * w, c).t())
     return out
@@ -35,6 +42,10 @@ def _to_channels_last(g: torch.Tensor) -> torch.Tensor:
         return g.contiguous(memory_format=torch.channels_last)
     b, c, h, w = g.shape
     out = torch.empty((b, h, w, c), dtype=g.dtype)
+    if transpose.transpose_into(g, out, b, c, h * w):
+        return out.permute(0, 3, 1, 2)
+    if torch.get_num_threads() > _MAX_THREADS:
+        return g.contiguous(memory_format=torch.channels_last)
     for i in range(b):  # (C, H*W) planes of image i, transposed into its (H*W, C) rows
         out[i].view(h * w, c).copy_(g[i].reshape(c, h * w).t())
     return out.permute(0, 3, 1, 2)
@@ -68,11 +79,11 @@ def contiguous_nchw(x: torch.Tensor) -> torch.Tensor:
 
     The backbones compute in ``(B, H, W, C)`` memory (Swin's tokens, SwiftFormer's channels_last maps) and return
     contiguous NCHW maps (mmcv's CPU / CUDA ops, RoIAlign among them, read raw NCHW memory). ``x.contiguous()`` on a
-    channels_last map is a 4-d strided copy that reads with a stride of C elements; as one ``(H*W, C) -> (C, H*W)``
-    matrix transpose per image, ATen copies it in cache blocks instead, on one thread. 2 cores of an Intel Xeon
-    family 6 model 167, fp32, interleaved, median of 30: Swin-T's stage-1 output at 800x1216 (96 x 200 x 304) 11.4
-    against 15.7 ms, stage 2 (192 x 100 x 152) 6.0 against 12.4 ms. So it applies on the CPU with at most
-    ``_MAX_THREADS`` threads (more threads speed up the strided copy, not this one).
+    channels_last map is a 4-d strided copy that reads with a stride of C elements; here it is one ``(H*W, C) ->
+    (C, H*W)`` matrix transpose per image, in tiles on every thread (:mod:`mmplugin.ops.transpose`; where that kernel
+    cannot be built, ATen's blocked copy on one thread, with at most ``_MAX_THREADS`` threads). 2 cores of an Intel
+    Xeon family 6 model 167, fp32, interleaved: Swin-T's stage-1 output at 800x1216 (96 x 200 x 304) takes 15.7 ms
+    as the strided copy, 11.4 ms as ATen's blocked copy, 2.7-2.9 ms in the kernel.
 
     Under autograd the gradient is handed back channels_last, in the layout of ``x`` (see
     :class:`_NchwWithChannelsLastGrad`). Together with SwiftFormer's encoder adding its attention residual out of
