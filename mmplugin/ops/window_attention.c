@@ -38,6 +38,11 @@
  * same for each, written with GCC's vector extensions (__builtin_shuffle: another compiler fails the build, and the
  * callers then run PyTorch's SDPA, warned once).
  *
+ * Bias: each thread pads the position bias to its score rows once per call; a window whose mask is all zero (most
+ * windows of a shifted map: only those at its last row and column of windows mix regions) attends with it directly,
+ * the others with the position bias plus their mask, added per window (Swin-T at 800x1216, fp32: the kernel 2-5%
+ * faster than adding the mask to every window).
+ *
  * Parallel: a call handles the windows [begin, end), so callers split the windows over threads; each window writes
  * its own output rows. Memory: while a window is computed, the rows of the next are prefetched (the q, k, v of a
  * window are gathered from a projection map larger than the caches: about 30% of a bf16 call waited on those reads).
@@ -55,6 +60,18 @@
 #define AHEAD 1                 /* windows between the one computed and the one whose rows are prefetched */
 
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+/* Whether the count values of m are all zero (+0 or -0; NaN is not): such a window's mask adds nothing to its
+ * position bias (a -0 only changes the sign of a zero bias, which no score or exponential can show). */
+static inline int zero_mask(const float *m, int64_t count) {
+    vi nonzero = {0};
+    int64_t j = 0;
+    for (; j + VW <= count; j += VW) nonzero |= load_f32(m + j) != splat(0.0f);
+    int any = 0;
+    for (int l = 0; l < VW; l++) any |= nonzero[l];
+    for (; j < count; j++) any |= !(m[j] == 0.0f);
+    return !any;
+}
 
 /* Softmax numerators of one score row in place, exp(s_j - mx) over its np columns, and their sum: exp(-inf) = 0 for
  * the padded columns; a NaN or infinite maximum gives a NaN row, as the formulation. */
@@ -88,15 +105,15 @@ static inline __attribute__((always_inline)) void biased_scores(const void *acc,
         }
 }
 
-/* `rows` output rows of DV * VW dims from column c0: acc (ROWS x DV vectors) divided by each row's sum, stored to out
- * (rows of dp, pointing at the block's first row). */
+/* `rows` output rows of DV * VW dims from column c0: acc (ROWS x DV vectors) times the reciprocal of each row's sum
+ * (within 1.5 ulp of the quotient), stored to out (rows of dp, pointing at the block's first row). */
 static inline __attribute__((always_inline)) void normalised_rows(const void *acc, const float *sums, int rows,
                                                                   int64_t dp, int64_t c0, float *out) {
     for (int r = 0; r < rows; r++)
         for (int j = 0; j < DV; j++) {
             vf o;
             memcpy(&o, (const char *)acc + (r * DV + j) * sizeof(vf), sizeof(vf));
-            o = o / splat(sums[r]);
+            o = o * splat(1.0f / sums[r]); /* one division per row: a vector division costs several products */
             memcpy(out + r * dp + c0 + j * VW, &o, sizeof(vf));
         }
 }

@@ -11,7 +11,8 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
                                             int64_t begin, int64_t end) {
     const int64_t np = round_up(n, KV * VW), dp = round_up(d, DV * VW), nq = round_up(n, ROWS);
     const int64_t per_head = nq * d + d * np + n * dp + n * dp; /* queries, keys transposed, values, results */
-    const int64_t floats = heads * per_head + heads * n * np + ROWS * np + ROWS * np; /* + bias, scores, pb */
+    /* + the padded position bias, the bias with a window's mask, scores, pb */
+    const int64_t floats = heads * per_head + 2 * heads * n * np + ROWS * np + ROWS * np;
 #if defined(BF16_DOT) && defined(IS_BF16)
     /* bf16 operands as they are, in the pair layouts of attend_unit_bf16dot (in the same per-head slots: bf16 takes
      * half the room); the cosine attention normalises in fp32 and keeps the fp32 path */
@@ -28,10 +29,14 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
         failed = 1;
     } else {
         memset(buf, 0, (size_t)floats * sizeof(float)); /* the padding rows and columns stay zero */
-        for (int64_t row = 0; row < heads * n; row++)      /* the bias's padding columns stay -inf */
+        for (int64_t row = 0; row < 2 * heads * n; row++) /* both biases' padding columns stay -inf */
             for (int64_t j = n; j < np; j++) buf[heads * per_head + row * np + j] = -__builtin_inff();
+        for (int64_t row = 0; row < heads * n; row++)
+            memcpy(buf + heads * per_head + row * np, pos + row * n, (size_t)n * sizeof(float));
     }
-    float *bias = buf + heads * per_head, *scores = bias + heads * n * np;
+    /* the position bias padded to np columns, once per call: the bias of every window whose mask is zero (most of a
+     * shifted map's windows, all of an unshifted one's); bias: the position bias plus a window's nonzero mask */
+    float *pos_padded = buf + heads * per_head, *bias = pos_padded + heads * n * np, *scores = bias + heads * n * np;
 #pragma omp for schedule(static)
     for (int64_t w = begin; w < end; w++) {
         if (buf == NULL) continue;
@@ -95,28 +100,24 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
                 }
             }
         }
-        const float *mw = mask == NULL ? NULL : mask + (w % nw) * n * n;
-        for (int64_t h = 0; h < heads; h++) /* position bias + this window's mask, rows padded to np columns */
+        const float *mw = mask == NULL || zero_mask(mask + (w % nw) * n * n, n * n) ? NULL : mask + (w % nw) * n * n;
+        const float *wb = mw == NULL ? pos_padded : bias;
+        for (int64_t h = 0; mw != NULL && h < heads; h++) /* position bias + the window's mask, rows padded to np */
             for (int64_t i = 0; i < n; i++) {
                 float *restrict b = bias + (h * n + i) * np;
-                const float *restrict p = pos + (h * n + i) * n;
-                if (mw == NULL)
-                    memcpy(b, p, (size_t)n * sizeof(float));
-                else {
-                    const float *restrict m = mw + i * n;
-                    for (int64_t j = 0; j < n; j++) b[j] = p[j] + m[j];
-                }
+                const float *restrict p = pos + (h * n + i) * n, *restrict m = mw + i * n;
+                for (int64_t j = 0; j < n; j++) b[j] = p[j] + m[j];
             }
         for (int64_t h = 0; h < heads; h++) {
             float *qp = buf + h * per_head, *kt = qp + nq * d, *vp = kt + d * np, *res = vp + n * dp;
 #if defined(BF16_DOT) && defined(IS_BF16)
             if (dot) {
-                attend_unit_bf16dot((const uint16_t *)qp, (const uint16_t *)kt, (const uint16_t *)vp, bias + h * n * np,
+                attend_unit_bf16dot((const uint16_t *)qp, (const uint16_t *)kt, (const uint16_t *)vp, wb + h * n * np,
                                     n, d, np, dp, scale, scores, (uint16_t *)(scores + ROWS * np), res);
                 continue;
             }
 #endif
-            attend_unit(qp, kt, vp, bias + h * n * np, n, d, np, dp, scores, res);
+            attend_unit(qp, kt, vp, wb + h * n * np, n, d, np, dp, scores, res);
         }
         for (int64_t i = 0; i < n; i++) {
             /* the token's output row: in the windows' layout, or its map row (padding tokens are not written) */

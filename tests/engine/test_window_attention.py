@@ -62,10 +62,9 @@ def _bf16_bound(n, d, v, ref, isa=None):
 def _bound(n, d, dtype):
     """Relative to the output's largest magnitude, for scores of order one (unit-variance q, k, v at Swin's scale
     d^-0.5, a bias of a few units): the scores' d-term sums and the values' n-term sums each contribute at most their
-    length times u, the exponentials and the division a few u more (16). Larger scores scale the first term (the
-    cosine test below). The
-    bf16 inputs are exact in the float64 reference too, so bf16 adds only the rounding of the output to nearest: at
-    most bf16's unit roundoff 2^-8 of the largest magnitude."""
+    length times u, the exponentials and the division (a reciprocal and a product) a few u more (16). Larger scores
+    scale the first term (the cosine test below). The bf16 inputs are exact in the float64 reference too, so bf16
+    adds only the rounding of the output to nearest: at most bf16's unit roundoff 2^-8 of the largest magnitude."""
     fp32 = (d + n + 16) * U_FP32
     return fp32 if dtype == torch.float32 else fp32 + U_BF16
 
@@ -113,6 +112,26 @@ def test_cosine_attention_equals_the_formulation(dtype, kernel):
 
 
 @pytest.mark.numeric
+@pytest.mark.parametrize('value', [float('nan'), float('inf'), float('-inf'), -100.0])
+@pytest.mark.parametrize('at', [(3, 7), (48, 48)])  # the last: beyond the whole vectors of 49 x 49 values
+def test_one_entry_in_an_otherwise_zero_mask_window_counts(value, at, kernel):
+    """A window whose mask is zero but for one entry takes that entry (a NaN or +inf gives its query row NaN, -inf
+    or -100 drops that key from the row) exactly where the formulation does; the other windows are untouched."""
+    bw, heads, n, d = 4, 2, 49, 32
+    q, k, v = qkv_views(bw, heads, n, d, seed=5)
+    pos, mask = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(6)), torch.zeros(2, n, n)
+    mask[1, at[0], at[1]] = value
+    with torch.no_grad():
+        got = wa.window_attention(q, k, v, pos, mask, d**-0.5)
+    ref = reference(q, k, v, pos, mask, d**-0.5)
+    assert torch.equal(got.isnan(), ref.isnan()) and got.isnan().any() == (value != value or value == float('inf'))
+    finite = ref.isfinite()
+    assert rel_error(got.double()[finite], ref[finite]) <= _bound(n, d, torch.float32)
+    dropped = reference(q, k, v, pos, None, d**-0.5)
+    assert not torch.equal(ref[1, at[0]], dropped[1, at[0]]) and torch.equal(ref[0], dropped[0])
+
+
+@pytest.mark.numeric
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('isa', list(build.ISA_FLAGS))
 def test_every_isa_build_computes_the_same_function(isa, dtype):
@@ -122,6 +141,7 @@ def test_every_isa_build_computes_the_same_function(isa, dtype):
     bw, heads, n, d = 8, 3, 49, 32
     q, k, v = qkv_views(bw, heads, n, d, seed=3, dtype=dtype)
     pos, mask = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(2)), shift_mask(4, n)
+    mask[0], mask[1] = 0.0, -0.0  # zero windows read the position bias alone, as most of a shifted map's do
     out = torch.empty(bw, n, heads * d, dtype=dtype)
     assert fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
               pos.data_ptr(), mask.data_ptr(), None, 4, heads, n, d, d**-0.5, out.data_ptr(), None, None, 0, 2,
