@@ -4,7 +4,8 @@ CPUs: ``layer_norm.c``, built on first use for the vector ISA torch dispatches t
 Why: a bf16 Swin under CPU autocast normalises its bf16 residual stream twice per block, and PyTorch's CPU kernels for
 this case run at a fraction of what memory allows (``layer_norm.c`` has the figures). The results are PyTorch's
 formulas computed in fp32 and rounded once to bf16, up to the fp32 summation order: tests/engine/test_layer_norm.py
-checks them against float64 on every ISA build. :mod:`mmplugin.models.layers.low_precision_norm` uses them.
+checks them against float64 on every ISA build. :mod:`mmplugin.models.layers.low_precision_norm` uses them, in
+training and at inference.
 """
 from __future__ import annotations
 
@@ -42,21 +43,25 @@ def applies(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | N
             and available())
 
 
-def layer_norm_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                    eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def layer_norm_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
+                    stats: bool = True) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """``torch.native_layer_norm(x, x.shape[-1:], weight, bias, eps)`` for ``(..., C)`` bf16 ``x`` where
     :func:`applies`: ``(y, mean, rstd)``, ``y`` bf16 of ``x``'s shape, the row statistics fp32 of shape
-    ``x.shape[:-1]``. No autograd."""
+    ``x.shape[:-1]`` (None with ``stats=False``: inference keeps none). No autograd."""
     c = x.shape[-1]
     y = torch.empty_like(x)
-    mean = torch.empty(x.shape[:-1], dtype=torch.float32)
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32)
+    mean = torch.empty(x.shape[:-1], dtype=torch.float32) if stats else None
+    rstd = torch.empty(x.shape[:-1], dtype=torch.float32) if stats else None
     failed = _kernels().mmplugin_layer_norm_bf16(x.data_ptr(), weight.data_ptr(), bias.data_ptr(), float(eps),
-                                                 x.numel() // c, c, y.data_ptr(), mean.data_ptr(), rstd.data_ptr(),
+                                                 x.numel() // c, c, y.data_ptr(), _ptr(mean), _ptr(rstd),
                                                  torch.get_num_threads())
     if failed:
         raise MemoryError('LayerNorm: out of memory for the per-thread buffers')
     return y, mean, rstd
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def layer_norm_grad_bf16(dy: torch.Tensor, x: torch.Tensor, mean: torch.Tensor, rstd: torch.Tensor,

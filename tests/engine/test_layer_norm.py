@@ -81,6 +81,14 @@ def test_every_isa_build_within_the_bounds(isa, rows, c):
     y, mean, rstd = torch.empty_like(x), torch.empty(rows), torch.empty(rows)
     assert fwd(x.data_ptr(), w.data_ptr(), b.data_ptr(), 1e-5, rows, c, y.data_ptr(), mean.data_ptr(),
                rstd.data_ptr(), 3) == 0
+    # rows are normalised a few at a time, each with the arithmetic of a call on that row alone; inference passes no
+    # statistics and gets the same bits
+    alone, bare = torch.empty_like(x), torch.empty_like(x)
+    for r in range(rows):
+        assert fwd(x[r].data_ptr(), w.data_ptr(), b.data_ptr(), 1e-5, 1, c, alone[r].data_ptr(), None, None, 1) == 0
+    assert fwd(x.data_ptr(), w.data_ptr(), b.data_ptr(), 1e-5, rows, c, bare.data_ptr(), None, None, 2) == 0
+    assert torch.equal(alone.view(torch.int16), y.view(torch.int16)) and torch.equal(bare.view(torch.int16),
+                                                                                      y.view(torch.int16))
     out = []
     for threads in (1, 3, 3):
         dx, dw, db = torch.empty_like(x), torch.full((c, ), 7.0), torch.full((c, ), 7.0)
@@ -135,15 +143,24 @@ def test_nan_where_the_formulas_put_it(kernel):
 
 
 def test_where_the_plain_module_runs(kernel, monkeypatch):
-    """Inference, fp32, a module with forward or backward hooks, ``torch.func`` transforms, an unaffine norm:
-    ``norm(x)`` itself, the same bits; a bias alone to train: the kernel; a strided bf16 map in training: the widened
-    fallback (fp32 gradients), not the kernel."""
-    x, w, b, _ = _inputs(20, 48)
+    """fp32, fp16 and strided maps at inference, a module with forward or backward hooks, ``torch.func`` transforms,
+    an unaffine norm: ``norm(x)`` itself, the same bits; a contiguous bf16 map at inference: the kernel's forward
+    without statistics, within one bf16 step of PyTorch's mixed-type LayerNorm (the same fp32 formula rounded once, up
+    to summation order); a bias alone to train: the kernel; a strided bf16 map in training: the widened fallback (fp32
+    gradients), not the kernel."""
+    x, w, b, _ = _inputs(300, 48)
     norm = nn.LayerNorm(48)
     with torch.no_grad():
         norm.weight.copy_(w), norm.bias.copy_(b)
+    calls, plain_kernel = [], lk.layer_norm_bf16
+    monkeypatch.setattr(lk, 'layer_norm_bf16', lambda *a, **k: calls.append(k) or plain_kernel(*a, **k))
     with torch.no_grad():
-        assert torch.equal(layer_norm(norm, x), norm(x))
+        got, ref = layer_norm(norm, x), norm(x)
+        assert calls == [{'stats': False}] and got.dtype == torch.bfloat16
+        assert ((got.float() - ref.float()).abs() <= 2 * U_BF16 * ref.float().abs() + 1e-6).all()  # one bf16 step
+        for other in (x.half(), x.float(), x.t().contiguous().t()):
+            assert torch.equal(layer_norm(norm, other), norm(other))
+    assert len(calls) == 1
     x32 = x.float().requires_grad_()
     assert layer_norm(norm, x32).grad_fn.name() == norm(x32).grad_fn.name()
     xr = x.clone().requires_grad_()
