@@ -13,7 +13,8 @@ pairs it with :func:`window_attention` as the forward of an autograd function.
 
 Scope of :func:`window_attention`: no autograd of its own, fp32 and bf16 queries
 (bf16 is computed in fp32 and rounded once on the store; on CPUs with AVX512-BF16 the products take the bf16
-operands two per lane, the probabilities rounded to bf16 for their product with v, as a bf16 matmul would), no
+operands two per lane, or on AMX tiles where the CPU has them, the probabilities rounded to bf16 for their product
+with v, as a bf16 matmul would), no
 dropout, not while tracing, exporting or compiling (the graphs keep SDPA, which the exporters and inductor know).
 Elsewhere :func:`window_attention` returns None and the caller runs SDPA. Non-finite values give the formulation's
 IEEE results (NaN rows where a score is NaN or +inf, NaN or inf values reaching every query of their window);
@@ -28,6 +29,7 @@ import torch
 
 from mmplugin.ops.build import kernel_library
 from mmplugin.ops.eligible import eager_context, plain_cpu
+from mmplugin.utils.cpu import native_amx
 
 __all__ = ['available', 'window_attention', 'map_window_attention', 'fast_kernel_applies', 'window_attention_grad',
            'map_window_attention_grad']
@@ -43,11 +45,31 @@ _GRAD_ARGS = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_float] + [
 
 
 def _kernels() -> ctypes.CDLL | None:
-    """The library for the current ISA, or None where it cannot be built (warned once per ISA, not retried)."""
-    return kernel_library('window_attention', {**{f'mmplugin_window_attention_{s}': _ARGS for s in _SUFFIX.values()},
-                                               **{f'mmplugin_window_attention_grad_{s}': _GRAD_ARGS
-                                                  for s in _SUFFIX.values()}},
-                          'Swin window attention runs in PyTorch SDPA')
+    """The library for the current ISA, or None where it cannot be built (warned once per ISA, not retried). An
+    AVX512_BF16 build has its bf16 products on AMX tiles switched on where this process may use them
+    (:func:`mmplugin.utils.cpu.native_amx`: AMX hardware, ``ONEDNN_MAX_CPU_ISA`` not below it)."""
+    lib = kernel_library('window_attention', {**{f'mmplugin_window_attention_{s}': _ARGS for s in _SUFFIX.values()},
+                                              **{f'mmplugin_window_attention_grad_{s}': _GRAD_ARGS
+                                                 for s in _SUFFIX.values()}},
+                         'Swin window attention runs in PyTorch SDPA')
+    if lib is not None and id(lib) not in _amx_set:
+        set_amx(lib, native_amx())
+    return lib
+
+
+_amx_set: dict[int, bool] = {}  # id of a library -> whether its AMX path is on
+
+
+def set_amx(lib: ctypes.CDLL, on: bool) -> bool:
+    """Switch the AMX path of ``lib`` (a window-attention build) on or off; returns whether it is on (False where the
+    build has none, the CPU lacks AMX or Linux does not grant the tile state)."""
+    fn = getattr(lib, 'mmplugin_window_attention_use_amx', None)
+    if fn is None:
+        _amx_set[id(lib)] = False
+        return False
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    _amx_set[id(lib)] = bool(fn(int(on)))
+    return _amx_set[id(lib)]
 
 
 def available() -> bool:

@@ -11,14 +11,20 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
                                             int64_t begin, int64_t end) {
     const int64_t np = round_up(n, KV * VW), dp = round_up(d, DV * VW), nq = round_up(n, ROWS);
     const int64_t per_head = nq * d + d * np + n * dp + n * dp; /* queries, keys transposed, values, results */
-    /* + the padded position bias, the bias with a window's mask, scores, pb */
-    const int64_t floats = heads * per_head + 2 * heads * n * np + ROWS * np + ROWS * np;
+    /* + the padded position bias, the bias with a window's mask, and the attention's scratch: scores, bf16
+     * numerators, sums (rows of np, np and dp; ROWS of each, 16 on AMX tiles) */
+    const int64_t floats = heads * per_head + 2 * heads * n * np + 16 * (np + np + dp);
 #if defined(BF16_DOT) && defined(IS_BF16)
     /* bf16 operands as they are, in the pair layouts of attend_unit_bf16dot (in the same per-head slots: bf16 takes
      * half the room); the cosine attention normalises in fp32 and keeps the fp32 path */
     const int dot = cosine == NULL && d % 2 == 0;
 #else
     const int dot = 0;
+#endif
+#if defined(AMX) && defined(IS_BF16)
+    /* on AMX tiles where enabled: head dims of whole tiles, and windows of at least 32 tokens, whose padded keys and
+     * value pairs (np <= 2n) lie within the zeroed buffer slots */
+    const int amx = dot && amx_on && d % 32 == 0 && np <= 2 * n;
 #endif
     int failed = 0;
 #pragma omp parallel num_threads(end - begin < threads ? (int)(end - begin > 0 ? end - begin : 1) : threads)
@@ -33,10 +39,14 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
             for (int64_t j = n; j < np; j++) buf[heads * per_head + row * np + j] = -__builtin_inff();
         for (int64_t row = 0; row < heads * n; row++)
             memcpy(buf + heads * per_head + row * np, pos + row * n, (size_t)n * sizeof(float));
+#if defined(AMX) && defined(IS_BF16)
+        if (amx) amx_configure();
+#endif
     }
     /* the position bias padded to np columns, once per call: the bias of every window whose mask is zero (most of a
      * shifted map's windows, all of an unshifted one's); bias: the position bias plus a window's nonzero mask */
     float *pos_padded = buf + heads * per_head, *bias = pos_padded + heads * n * np, *scores = bias + heads * n * np;
+    float *numerators = scores + 16 * np, *sums = numerators + 16 * np;
 #pragma omp for schedule(static)
     for (int64_t w = begin; w < end; w++) {
         if (buf == NULL) continue;
@@ -112,8 +122,15 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
             float *qp = buf + h * per_head, *kt = qp + nq * d, *vp = kt + d * np, *res = vp + n * dp;
 #if defined(BF16_DOT) && defined(IS_BF16)
             if (dot) {
+#if defined(AMX) && defined(IS_BF16)
+                if (amx) {
+                    attend_unit_amx((const uint16_t *)qp, (const uint16_t *)kt, (const uint16_t *)vp, wb + h * n * np,
+                                    n, d, np, dp, scale, scores, (uint16_t *)numerators, sums, res);
+                    continue;
+                }
+#endif
                 attend_unit_bf16dot((const uint16_t *)qp, (const uint16_t *)kt, (const uint16_t *)vp, wb + h * n * np,
-                                    n, d, np, dp, scale, scores, (uint16_t *)(scores + ROWS * np), res);
+                                    n, d, np, dp, scale, scores, (uint16_t *)numerators, res);
                 continue;
             }
 #endif
@@ -134,6 +151,9 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
             }
         }
     }
+#if defined(AMX) && defined(IS_BF16)
+    if (amx && buf != NULL) amx_release();
+#endif
     free(buf);
     }
     return failed;

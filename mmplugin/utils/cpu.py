@@ -108,6 +108,12 @@ def native_bf16() -> bool:
     return fam is not None and fam[1] <= 1
 
 
+def native_amx() -> bool:
+    """This process may use AMX tiles: AMX hardware, not capped below it by ``ONEDNN_MAX_CPU_ISA``."""
+    fam = _families_in_use()
+    return fam is not None and fam[1] == 0
+
+
 def lower_isa_envs() -> list[dict[str, str]]:
     """The environment that runs the next-lower kernel family on this machine; ``[]`` on an AVX2 machine.
 

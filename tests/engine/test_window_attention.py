@@ -132,6 +132,40 @@ def test_one_entry_in_an_otherwise_zero_mask_window_counts(value, at, kernel):
 
 
 @pytest.mark.numeric
+@pytest.mark.parametrize('amx', [False, True])
+@pytest.mark.parametrize('shape', [(6, 3, 49, 32, 2), (4, 2, 64, 32, 1), (3, 2, 144, 64, 3), (2, 2, 10, 32, 1)])
+def test_bf16_products_on_amx_tiles_or_vector_dot_products(shape, amx):
+    """The AVX512_BF16 build multiplies bf16 operands on AMX tiles where the process may use them (windows of at
+    least 32 tokens, head dims of whole 32-value tiles; a 10-token window keeps the vector path) or with vdpbf16ps:
+    either way within the bf16-operand bound of the float64 formulation (exact products summed in fp32, the softmax
+    weights rounded to bf16), shift masks included, and a NaN key makes exactly its window's rows NaN."""
+    from mmplugin.utils.cpu import native_amx
+    if amx and not native_amx():
+        pytest.skip('this process may not use AMX tiles')
+    isa_kernel('window_attention', 'AVX512_BF16', 'mmplugin_window_attention_bf16', wa._ARGS)  # skips where not built
+    lib = build.load_kernels('window_attention', 'AVX512_BF16')
+    bw, heads, n, d, nw = shape
+    q, k, v = qkv_views(bw, heads, n, d, seed=7, dtype=torch.bfloat16)
+    k[0, 1, 5, 3] = float('nan')
+    pos, mask = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(8)), shift_mask(nw, n)
+    mask[0] = 0.0
+    fn = getattr(lib, 'mmplugin_window_attention_bf16')
+    try:
+        assert wa.set_amx(lib, amx) == amx
+        out = torch.empty(bw, n, heads * d, dtype=torch.bfloat16)
+        assert fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                  pos.data_ptr(), mask.data_ptr(), None, nw, heads, n, d, d**-0.5, out.data_ptr(), None, None, 0, 2,
+                  0, bw) == 0
+    finally:
+        wa.set_amx(lib, native_amx())
+    ref = reference(q, k, v, pos, mask, d**-0.5)
+    assert torch.equal(out.isnan(), ref.isnan()) and out[0, :, d:2 * d].isnan().all()
+    finite = ref.isfinite()
+    bound = _bf16_bound(n, d, v, ref[finite], 'AVX512_BF16')
+    assert rel_error(out.double()[finite], ref[finite]) <= bound
+
+
+@pytest.mark.numeric
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize('isa', list(build.ISA_FLAGS))
 def test_every_isa_build_computes_the_same_function(isa, dtype):
