@@ -7,11 +7,11 @@
  *
  * Why: PyTorch's CPU kernels for this mixed-type case run at a fraction of what memory allows (Swin-T's stage-1 map at
  * 512x768, batch 2, 2 x 128 x 192 x 96 bf16, 2 threads of an Intel Xeon family 6 model 167: forward 2.0 ms and
- * backward 4.0-4.1 ms where one elementwise add of two such maps takes 0.7 ms; here 1.6 and 1.4 ms, the forward
- * now about 1.0 ms with rows normalised four at a time). Each row here is widened into the thread's buffer once and
- * normalised from there (the two-pass variance, the biased estimate, as PyTorch's).
+ * backward 4.0-4.1 ms where one elementwise add of two such maps takes 0.7 ms; here 1.6 and 1.4 ms row by row).
+ * Each row here is widened into the thread's buffer once and normalised from there (the two-pass variance, the
+ * biased estimate, as PyTorch's).
  *
- * Layouts: x, y, dy, dx (rows, C) bf16 bits, contiguous; mean, rstd (rows) fp32 (the forward may take NULL for both:
+ * Layouts: x, y, dy, dx (rows, C) bf16 bits, contiguous; mean, rstd (rows) fp32 (the forward may take NULL for either:
  * inference keeps no statistics); gamma, beta, dgamma, dbeta (C) fp32.
  * dgamma and dbeta are set (not added to): the threads' partial sums are added in thread order, so a call gives the
  * same bits every time with the same team of threads (OpenMP grants the team asked for unless dynamic teams or nested
@@ -74,7 +74,8 @@ int mmplugin_layer_norm_bf16(const uint16_t *x, const float *gamma, const float 
             float q = hsum(acc[k]);
             for (int64_t j = cv; j < c; j++) q += (xf[k * c + j] - m[k]) * (xf[k * c + j] - m[k]);
             s[k] = 1.0f / sqrtf(q / (float)c + eps);
-            if (mean != NULL) mean[r0 + k] = m[k], rstd[r0 + k] = s[k];
+            if (mean != NULL) mean[r0 + k] = m[k];
+            if (rstd != NULL) rstd[r0 + k] = s[k];
         }
         for (int64_t j = 0; j < cv; j += VW) {
             const vf g = load_f32(gamma + j), b = load_f32(beta + j);

@@ -15,7 +15,7 @@ import torch
 from mmplugin.ops.build import kernel_library
 from mmplugin.ops.eligible import eager_context, plain_cpu
 
-__all__ = ['available', 'transpose_into']
+__all__ = ['available', 'serves', 'transpose_into']
 
 _ARGS = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int]
 _SUFFIX = {4: 'b32', 2: 'b16'}  # element size in bytes -> the kernel copying such bits
@@ -31,6 +31,13 @@ def available() -> bool:
     return _kernels() is not None
 
 
+def serves(t: torch.Tensor) -> bool:
+    """Whether the kernel copies tensors like ``t``: eager, a plain CPU tensor of 2- or 4-byte real elements (fp32,
+    bf16, fp16), and a built kernel."""
+    return (eager_context() and plain_cpu(t) and t.device.type == 'cpu' and t.element_size() in _SUFFIX
+            and not t.is_complex() and not (t.is_conj() or t.is_neg()) and available())
+
+
 def transpose_into(src: torch.Tensor, out: torch.Tensor, batch: int, rows: int, cols: int) -> bool:
     """Copy the contiguous memory of ``src``, read as ``(batch, rows, cols)``, transposed into the contiguous memory of
     ``out``, read as ``(batch, cols, rows)``. Returns False, copying nothing, where the kernel does not serve them:
@@ -40,16 +47,12 @@ def transpose_into(src: torch.Tensor, out: torch.Tensor, batch: int, rows: int, 
     Raises:
         ValueError: where ``batch * rows * cols`` is not the number of elements of both tensors.
     """
-    if not (eager_context() and plain_cpu(src) and plain_cpu(out) and src.device.type == out.device.type == 'cpu'
-            and src.dtype == out.dtype and src.element_size() in _SUFFIX and not src.is_complex()
-            and src.is_contiguous() and out.is_contiguous() and not (src.is_conj() or src.is_neg())):
+    if not (serves(src) and plain_cpu(out) and out.device.type == 'cpu' and src.dtype == out.dtype
+            and src.is_contiguous() and out.is_contiguous()):
         return False
     if not (src.numel() == out.numel() == batch * rows * cols):
         raise ValueError(f'transpose: {batch} x {rows} x {cols} for tensors of {src.numel()} and {out.numel()} '
                          'elements')
-    lib = _kernels()
-    if lib is None:
-        return False
-    fn = getattr(lib, f'mmplugin_transpose_{_SUFFIX[src.element_size()]}')
+    fn = getattr(_kernels(), f'mmplugin_transpose_{_SUFFIX[src.element_size()]}')
     fn(src.data_ptr(), out.data_ptr(), batch, rows, cols, torch.get_num_threads())
     return True

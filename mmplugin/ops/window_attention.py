@@ -13,8 +13,8 @@ pairs it with :func:`window_attention` as the forward of an autograd function.
 
 Scope of :func:`window_attention`: no autograd of its own, fp32 and bf16 queries
 (bf16 is computed in fp32 and rounded once on the store; on CPUs with AVX512-BF16 the products take the bf16
-operands two per lane, or on AMX tiles where the CPU has them, the probabilities rounded to bf16 for their product
-with v, as a bf16 matmul would), no
+operands two per lane, or on AMX tiles where the process may use them, the probabilities rounded to bf16 for their
+product with v, as a bf16 matmul would), no
 dropout, not while tracing, exporting or compiling (the graphs keep SDPA, which the exporters and inductor know).
 Elsewhere :func:`window_attention` returns None and the caller runs SDPA. Non-finite values give the formulation's
 IEEE results (NaN rows where a score is NaN or +inf, NaN or inf values reaching every query of their window);

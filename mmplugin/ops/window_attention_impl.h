@@ -11,9 +11,10 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
                                             int64_t begin, int64_t end) {
     const int64_t np = round_up(n, KV * VW), dp = round_up(d, DV * VW), nq = round_up(n, ROWS);
     const int64_t per_head = nq * d + d * np + n * dp + n * dp; /* queries, keys transposed, values, results */
-    /* + the padded position bias, the bias with a window's mask, and the attention's scratch: scores, bf16
-     * numerators, sums (rows of np, np and dp; ROWS of each, 16 on AMX tiles) */
-    const int64_t floats = heads * per_head + 2 * heads * n * np + 16 * (np + np + dp);
+    /* + the padded position bias, the bias with a window's mask (with a mask only), and the attention's scratch:
+     * scores, bf16 numerators, output sums (rows of np, np and dp; ROWS of each, 16 on AMX tiles) */
+    const int64_t biases = mask == NULL ? 1 : 2;
+    const int64_t floats = heads * per_head + biases * heads * n * np + 16 * (np + np + dp);
 #if defined(BF16_DOT) && defined(IS_BF16)
     /* bf16 operands as they are, in the pair layouts of attend_unit_bf16dot (in the same per-head slots: bf16 takes
      * half the room); the cosine attention normalises in fp32 and keeps the fp32 path */
@@ -35,7 +36,7 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
         failed = 1;
     } else {
         memset(buf, 0, (size_t)floats * sizeof(float)); /* the padding rows and columns stay zero */
-        for (int64_t row = 0; row < 2 * heads * n; row++) /* both biases' padding columns stay -inf */
+        for (int64_t row = 0; row < biases * heads * n; row++) /* the biases' padding columns stay -inf */
             for (int64_t j = n; j < np; j++) buf[heads * per_head + row * np + j] = -__builtin_inff();
         for (int64_t row = 0; row < heads * n; row++)
             memcpy(buf + heads * per_head + row * np, pos + row * n, (size_t)n * sizeof(float));
@@ -45,8 +46,8 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
     }
     /* the position bias padded to np columns, once per call: the bias of every window whose mask is zero (most of a
      * shifted map's windows, all of an unshifted one's); bias: the position bias plus a window's nonzero mask */
-    float *pos_padded = buf + heads * per_head, *bias = pos_padded + heads * n * np, *scores = bias + heads * n * np;
-    float *numerators = scores + 16 * np, *sums = numerators + 16 * np;
+    float *pos_padded = buf + heads * per_head, *bias = pos_padded + heads * n * np;
+    float *scores = pos_padded + biases * heads * n * np, *numerators = scores + 16 * np;
 #pragma omp for schedule(static)
     for (int64_t w = begin; w < end; w++) {
         if (buf == NULL) continue;
@@ -125,7 +126,7 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
 #if defined(AMX) && defined(IS_BF16)
                 if (amx) {
                     attend_unit_amx((const uint16_t *)qp, (const uint16_t *)kt, (const uint16_t *)vp, wb + h * n * np,
-                                    n, d, np, dp, scale, scores, (uint16_t *)numerators, sums, res);
+                                    n, d, np, dp, scale, scores, (uint16_t *)numerators, numerators + 16 * np, res);
                     continue;
                 }
 #endif

@@ -18,7 +18,8 @@ import platform
 
 import torch
 
-__all__ = ['cpu_flags', 'cpu_model', 'cpu_vendor', 'kernel_family', 'native_bf16', 'lower_isa_envs', 'describe']
+__all__ = ['cpu_flags', 'cpu_model', 'cpu_vendor', 'kernel_family', 'native_bf16', 'native_amx', 'lower_isa_envs',
+           'describe']
 
 # Families from newest to oldest: (name, cpuinfo flags that make it, the env that caps a process at it).
 _FAMILIES = (
@@ -78,16 +79,24 @@ def _hardware_family(flags: set[str]) -> int | None:
     return None
 
 
+# oneDNN's ISA names (``ONEDNN_MAX_CPU_ISA``) -> the newest family of ``_FAMILIES`` they allow; an ISA below AVX2
+# (SSE41, AVX) or a name not listed caps at the oldest family, so an unknown cap never turns newer instructions on
+_CAP_FAMILY = {'ALL': 0, 'DEFAULT': 0, 'AVX512_CORE_AMX': 0, 'AVX512_CORE_AMX_FP16': 0, 'AVX10_1_512_AMX': 0,
+               'AVX10_1_512_AMX_FP16': 0, 'AVX10_2_512_AMX_2': 0,
+               'AVX512_CORE_BF16': 1, 'AVX512_CORE_FP16': 1, 'AVX10_1_512': 1, 'AVX10_2_512': 1,
+               'AVX512_CORE': 2, 'AVX512_CORE_VNNI': 2,
+               'AVX2': 3, 'AVX2_VNNI': 3, 'AVX2_VNNI_2': 3}
+
+
 def _families_in_use() -> tuple[int, int] | None:
     """(hardware family, family after the environment's cap) as indices into ``_FAMILIES``."""
     hw = _hardware_family(cpu_flags())
     if hw is None:
         return None
-    onednn = os.environ.get('ONEDNN_MAX_CPU_ISA', '').upper()
-    for i, (_, _, env) in enumerate(_FAMILIES):
-        if i >= hw and onednn and env.get('ONEDNN_MAX_CPU_ISA') == onednn:
-            return hw, i
-    return hw, hw
+    onednn = os.environ.get('ONEDNN_MAX_CPU_ISA', '').strip().upper()
+    if not onednn:
+        return hw, hw
+    return hw, max(hw, _CAP_FAMILY.get(onednn, len(_FAMILIES) - 1))
 
 
 def kernel_family() -> str:

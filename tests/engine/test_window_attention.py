@@ -132,16 +132,14 @@ def test_one_entry_in_an_otherwise_zero_mask_window_counts(value, at, kernel):
 
 
 @pytest.mark.numeric
-@pytest.mark.parametrize('amx', [False, True])
 @pytest.mark.parametrize('shape', [(6, 3, 49, 32, 2), (4, 2, 64, 32, 1), (3, 2, 144, 64, 3), (2, 2, 10, 32, 1)])
-def test_bf16_products_on_amx_tiles_or_vector_dot_products(shape, amx):
+def test_bf16_products_on_amx_tiles_or_vector_dot_products(shape):
     """The AVX512_BF16 build multiplies bf16 operands on AMX tiles where the process may use them (windows of at
     least 32 tokens, head dims of whole 32-value tiles; a 10-token window keeps the vector path) or with vdpbf16ps:
     either way within the bf16-operand bound of the float64 formulation (exact products summed in fp32, the softmax
-    weights rounded to bf16), shift masks included, and a NaN key makes exactly its window's rows NaN."""
+    weights rounded to bf16), shift masks included, and a NaN key makes exactly its window's rows NaN; where the tiles
+    decline, the switch changes no bit."""
     from mmplugin.utils.cpu import native_amx
-    if amx and not native_amx():
-        pytest.skip('this process may not use AMX tiles')
     isa_kernel('window_attention', 'AVX512_BF16', 'mmplugin_window_attention_bf16', wa._ARGS)  # skips where not built
     lib = build.load_kernels('window_attention', 'AVX512_BF16')
     bw, heads, n, d, nw = shape
@@ -149,20 +147,65 @@ def test_bf16_products_on_amx_tiles_or_vector_dot_products(shape, amx):
     k[0, 1, 5, 3] = float('nan')
     pos, mask = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(8)), shift_mask(nw, n)
     mask[0] = 0.0
-    fn = getattr(lib, 'mmplugin_window_attention_bf16')
-    try:
-        assert wa.set_amx(lib, amx) == amx
-        out = torch.empty(bw, n, heads * d, dtype=torch.bfloat16)
-        assert fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                  pos.data_ptr(), mask.data_ptr(), None, nw, heads, n, d, d**-0.5, out.data_ptr(), None, None, 0, 2,
-                  0, bw) == 0
-    finally:
-        wa.set_amx(lib, native_amx())
     ref = reference(q, k, v, pos, mask, d**-0.5)
-    assert torch.equal(out.isnan(), ref.isnan()) and out[0, :, d:2 * d].isnan().all()
     finite = ref.isfinite()
     bound = _bf16_bound(n, d, v, ref[finite], 'AVX512_BF16')
-    assert rel_error(out.double()[finite], ref[finite]) <= bound
+    outs = []
+    try:
+        for amx in (False, True) if native_amx() else (False, ):
+            assert wa.set_amx(lib, amx) == amx
+            out = torch.empty(bw, n, heads * d, dtype=torch.bfloat16)
+            assert lib.mmplugin_window_attention_bf16(
+                q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                pos.data_ptr(), mask.data_ptr(), None, nw, heads, n, d, d**-0.5, out.data_ptr(), None, None, 0, 2, 0,
+                bw) == 0
+            assert torch.equal(out.isnan(), ref.isnan()) and out[0, :, d:2 * d].isnan().all()
+            assert rel_error(out.double()[finite], ref[finite]) <= bound
+            outs.append(out.view(torch.int16))
+    finally:
+        wa.set_amx(lib, native_amx())
+    if len(outs) == 2 and n < 32:
+        assert torch.equal(outs[0], outs[1])
+
+
+def test_the_amx_switch_changes_the_path():
+    """The two paths add each pair of products in opposite orders (vdpbf16ps the odd element first, the tiles the
+    even one), so over 300,000 outputs some bits differ where the tiles run: the switch takes effect."""
+    from mmplugin.utils.cpu import native_amx
+    if not native_amx():
+        pytest.skip('this process may not use AMX tiles')
+    isa_kernel('window_attention', 'AVX512_BF16', 'mmplugin_window_attention_bf16', wa._ARGS)
+    lib = build.load_kernels('window_attention', 'AVX512_BF16')
+    bw, heads, n, d = 64, 3, 49, 32
+    q, k, v = qkv_views(bw, heads, n, d, seed=7, dtype=torch.bfloat16)
+    pos = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(8))
+    outs = []
+    try:
+        for amx in (False, True):
+            assert wa.set_amx(lib, amx) == amx
+            out = torch.empty(bw, n, heads * d, dtype=torch.bfloat16)
+            assert lib.mmplugin_window_attention_bf16(
+                q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                pos.data_ptr(), None, None, 1, heads, n, d, d**-0.5, out.data_ptr(), None, None, 0, 2, 0, bw) == 0
+            outs.append(out.view(torch.int16))
+    finally:
+        wa.set_amx(lib, native_amx())
+    assert not torch.equal(outs[0], outs[1])
+
+
+def test_amx_stays_off_under_a_cap_below_it(monkeypatch):
+    """With ONEDNN_MAX_CPU_ISA below AMX (here AVX512_CORE_BF16), loading the kernels leaves the tiles off."""
+    from mmplugin.utils.cpu import native_amx
+    if not wa.available():
+        pytest.skip('no window-attention kernel here')
+    lib = wa._kernels()
+    try:
+        monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX512_CORE_BF16')
+        monkeypatch.setattr(wa, '_amx_set', {})
+        assert wa._kernels() is lib and wa._amx_set == {id(lib): False}
+    finally:
+        monkeypatch.undo()
+        wa.set_amx(lib, native_amx())
 
 
 @pytest.mark.numeric

@@ -57,3 +57,18 @@ def test_command_line_prints_one_line_per_family():
     lines = [ln for ln in out.splitlines() if ln]
     assert len(lines) == len(cpu.lower_isa_envs())
     assert all('ONEDNN_MAX_CPU_ISA=' in ln for ln in lines)
+
+
+@pytest.mark.parametrize('cap, amx, bf16', [('', True, True), ('ALL', True, True), ('AVX512_CORE_AMX', True, True),
+                                            ('avx512_core_amx_fp16', True, True), ('AVX512_CORE_FP16', False, True),
+                                            ('AVX512_CORE_BF16', False, True), ('AVX512_CORE_VNNI', False, False),
+                                            ('AVX512_CORE', False, False), ('AVX2_VNNI', False, False),
+                                            ('SSE41', False, False), ('NOT_AN_ISA', False, False)])
+def test_every_onednn_cap_name_rules_amx_and_bf16_in_or_out(cap, amx, bf16, monkeypatch):
+    """On an AMX machine, each of oneDNN's ISA names caps the process at the family it allows (upper or lower case);
+    a name below AVX2 or unknown caps at the oldest family, so no cap turns newer instructions on."""
+    monkeypatch.setattr(cpu, 'cpu_flags', lambda: {'avx2', 'fma', 'avx512f', 'avx512bw', 'avx512vl', 'avx512_bf16',
+                                                   'amx_bf16', 'amx_tile'})
+    monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', cap)
+    assert cpu.native_amx() == amx and cpu.native_bf16() == bf16
+    assert cpu.kernel_family().startswith('AMX' if amx else 'AVX512-BF16' if bf16 else 'AVX')

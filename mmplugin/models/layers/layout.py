@@ -12,23 +12,21 @@ _MAX_THREADS = 2  # ATen's blocked copy runs on one thread: measured ahead of th
 
 
 def _blocked(x: torch.Tensor) -> bool:
-    """A transpose pays off for this map (CPU, big enough), by the plugin's kernel on every thread count or else by
-    ATen's blocked copy on at most ``_MAX_THREADS`` threads."""
-    return (x.device.type == 'cpu' and x.shape[1] * x.shape[2] * x.shape[3] >= _MIN_BLOCKED
-            and (torch.get_num_threads() <= _MAX_THREADS or transpose.available()))
+    """A transpose pays off for this map (a CPU map, big enough): by the plugin's kernel on every thread count, or
+    else by ATen's blocked copy on at most ``_MAX_THREADS`` threads (the callers check which)."""
+    return x.device.type == 'cpu' and x.shape[1] * x.shape[2] * x.shape[3] >= _MIN_BLOCKED
 
 
 def _to_nchw(x: torch.Tensor) -> torch.Tensor:
     """A channels_last ``(B, C, H, W)`` map copied to NCHW memory: one ``(H*W, C) -> (C, H*W)`` transpose per
     image where that pays off (the plugin's kernel, else ATen's blocked copy), else the strided copy."""
-    if not _blocked(x):
+    kernel = transpose.serves(x)
+    if not _blocked(x) or (not kernel and torch.get_num_threads() > _MAX_THREADS):
         return x.contiguous()
     b, c, h, w = x.shape
     out = torch.empty((b, c, h, w), dtype=x.dtype)
-    if transpose.transpose_into(x.permute(0, 2, 3, 1), out, b, h * w, c):
+    if kernel and transpose.transpose_into(x.permute(0, 2, 3, 1), out, b, h * w, c):
         return out
-    if torch.get_num_threads() > _MAX_THREADS:
-        return x.contiguous()
     for i in range(b):  # (H*W, C) rows of image i, transposed into its (C, H*W) planes
         out[i].view(c, h * w).copy_(x[i].permute(1, 2, 0).reshape(h * w, c).t())
     return out
@@ -38,14 +36,13 @@ def _to_channels_last(g: torch.Tensor) -> torch.Tensor:
     """An NCHW ``(B, C, H, W)`` map copied to channels_last memory (the reverse of :func:`_to_nchw`)."""
     if g.is_contiguous(memory_format=torch.channels_last):
         return g
-    if not (g.is_contiguous() and _blocked(g)):
+    kernel = transpose.serves(g)
+    if not (g.is_contiguous() and _blocked(g)) or (not kernel and torch.get_num_threads() > _MAX_THREADS):
         return g.contiguous(memory_format=torch.channels_last)
     b, c, h, w = g.shape
     out = torch.empty((b, h, w, c), dtype=g.dtype)
-    if transpose.transpose_into(g, out, b, c, h * w):
+    if kernel and transpose.transpose_into(g, out, b, c, h * w):
         return out.permute(0, 3, 1, 2)
-    if torch.get_num_threads() > _MAX_THREADS:
-        return g.contiguous(memory_format=torch.channels_last)
     for i in range(b):  # (C, H*W) planes of image i, transposed into its (H*W, C) rows
         out[i].view(h * w, c).copy_(g[i].reshape(c, h * w).t())
     return out.permute(0, 3, 1, 2)
