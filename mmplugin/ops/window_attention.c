@@ -177,6 +177,22 @@ static void attend_unit(const float *qp, const float *kt, const float *vp, const
 #include <immintrin.h>
 #define BF16_DOT 1
 
+/* Softmax numerators of one score row, exp(s_j - mx) over its np columns (a multiple of 2 * VW), rounded to bf16
+ * into pb for the product with the values; returns the fp32 sum of the unrounded numerators. NaN stays NaN. */
+static inline float bf16_numerators(const float *s, int64_t np, float mx, uint16_t *pb) {
+    const vf m = splat(mx);
+    vf sum = splat(0.0f);
+    for (int64_t j = 0; j < np; j += 2 * VW) {
+        const vf x0 = vexp(load_f32(s + j) - m), x1 = vexp(load_f32(s + j + VW) - m);
+        sum += x0 + x1;
+        __m512 a0, a1;
+        memcpy(&a0, &x0, sizeof(a0));
+        memcpy(&a1, &x1, sizeof(a1));
+        _mm512_storeu_si512(pb + j, (__m512i)_mm512_cvtne2ps_pbh(a1, a0));
+    }
+    return hsum(sum);
+}
+
 /* One (window, head) from bf16 operands with AVX512-BF16 dot products (vdpbf16ps: two bf16 products per fp32 lane,
  * exact, summed in fp32): half the multiply instructions of attend_unit. qb (n rounded up to ROWS, d) the queries as
  * they are, rows beyond n zero; kb (d / 2, np, 2) the keys as pairs along d, columns beyond n zero; vb (n rounded up
@@ -217,21 +233,7 @@ static void attend_unit_bf16dot(const uint16_t *qb, const uint16_t *kb, const ui
                 continue;
             }
             float *s = scores + r * np;
-            const vf mx = splat(hmax(rmax[r]));
-            vf sum = splat(0.0f);
-            for (int64_t j = 0; j < np; j += 2 * VW) {
-                vf x0, x1;
-                memcpy(&x0, s + j, sizeof(vf));
-                memcpy(&x1, s + j + VW, sizeof(vf));
-                x0 = vexp(x0 - mx);
-                x1 = vexp(x1 - mx);
-                sum += x0 + x1;
-                __m512 a0, a1;
-                memcpy(&a0, &x0, sizeof(a0));
-                memcpy(&a1, &x1, sizeof(a1));
-                _mm512_storeu_si512(pb + r * np + j, (__m512i)_mm512_cvtne2ps_pbh(a1, a0)); /* NaN stays NaN */
-            }
-            sums[r] = hsum(sum);
+            sums[r] = bf16_numerators(s, np, hmax(rmax[r]), pb + r * np);
         }
         for (int64_t c0 = 0; c0 < dp; c0 += DV * VW) {
             __m512 acc[ROWS][DV];
@@ -368,17 +370,7 @@ AMX_TARGET static void attend_unit_amx(const uint16_t *qb, const uint16_t *kb, c
                 mx = vmax(mx, x);
                 store_f32(s + j, x);
             }
-            const vf m = splat(hmax(mx));
-            vf sum = splat(0.0f);
-            for (int64_t j = 0; j < np; j += 2 * VW) {
-                vf x0 = vexp(load_f32(s + j) - m), x1 = vexp(load_f32(s + j + VW) - m);
-                sum += x0 + x1;
-                __m512 a0, a1;
-                memcpy(&a0, &x0, sizeof(a0));
-                memcpy(&a1, &x1, sizeof(a1));
-                _mm512_storeu_si512(pb + r * np + j, (__m512i)_mm512_cvtne2ps_pbh(a1, a0)); /* NaN stays NaN */
-            }
-            sums[r] = hsum(sum);
+            sums[r] = bf16_numerators(s, np, hmax(mx), pb + r * np);
         }
         __asm__ volatile("" ::: "memory");
         for (int64_t c0 = 0; c0 < dp; c0 += 32) {
