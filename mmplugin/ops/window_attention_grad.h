@@ -49,9 +49,11 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
     /* per thread: qs, go (nq, dp); kr (np, dp) keys by row; kt, vt (dp, np) keys and values transposed; p, ds (nq,
      * np) probabilities and score gradients; acc (heads, n, n) the thread's position-bias gradient; out (dp) a row;
      * accpad (3C) the padding tokens' gradient; for the cosine attention accc (heads) the logit scales' gradient, qh
-     * (nq, dp) the normalised queries, dqs, dks (nq, dp) the normalised q and k gradients, qnrm, knrm (nq) norms */
+     * (nq, dp) the normalised queries, dqs, dks (nq, dp) the normalised q and k gradients, qnrm, knrm (nq) norms; vr
+     * (n, d) the values by row, before their transposition */
     const int64_t extra = cosine == NULL ? 0 : heads + 3 * nq * dp + 2 * nq;
-    const int64_t floats = 2 * nq * dp + np * dp + 2 * dp * np + 2 * nq * np + heads * n * n + dp + row + extra;
+    const int64_t floats =
+        2 * nq * dp + np * dp + 2 * dp * np + 2 * nq * np + heads * n * n + dp + row + extra + n * d;
     const int team = windows < threads ? (int)(windows > 0 ? windows : 1) : (threads > 0 ? threads : 1);
     /* each thread's buffer, kept past the parallel region: the bias and padding gradients are summed over the
      * threads in thread order, so a call gives the same bits every time at a given thread count */
@@ -69,7 +71,7 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
     float *qs = buf, *go = qs + nq * dp, *kr = go + nq * dp, *kt = kr + np * dp, *vt = kt + dp * np;
     float *p = vt + dp * np, *ds = p + nq * np, *acc = ds + nq * np, *tmp = acc + heads * n * n, *accpad = tmp + dp;
     float *accc = accpad + row, *qh = accc + heads, *dqs = qh + nq * dp, *dks = dqs + nq * dp, *qnrm = dks + nq * dp,
-          *knrm = qnrm + nq;
+          *knrm = qnrm + nq, *vr = buf + floats - n * d;
 #pragma omp for schedule(static)
     for (int64_t w = 0; w < windows; w++) {
         if (buf == NULL) continue;
@@ -91,16 +93,24 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
                     qi = qnrm[i] < 1e-12f ? 1e-12f : qnrm[i]; /* NaN stays NaN */
                     ki = knrm[i] < 1e-12f ? 1e-12f : knrm[i];
                 }
-                for (int64_t e = 0; e < d; e++) {
+                int64_t e = 0;
+                for (; cosine == NULL && e + VW <= d; e += VW) {
+                    store_f32(qs + i * dp + e, LOADV(src + e) * splat(sh));
+                    store_f32(kr + i * dp + e, LOADV(src + c + e));
+                    store_f32(vr + i * d + e, LOADV(src + 2 * c + e));
+                    store_f32(go + i * dp + e, gi == NULL ? splat(0.0f) : LOADV(gi + e));
+                }
+                for (; e < d; e++) {
                     const float qe = cosine == NULL ? LOAD(src, e) : LOAD(src, e) / qi;
                     if (cosine != NULL) qh[i * dp + e] = qe;
                     qs[i * dp + e] = qe * sh;
                     kr[i * dp + e] = cosine == NULL ? LOAD(src, c + e) : LOAD(src, c + e) / ki;
-                    kt[e * np + i] = kr[i * dp + e];
-                    vt[e * np + i] = LOAD(src, 2 * c + e);
+                    vr[i * d + e] = LOAD(src, 2 * c + e);
                     go[i * dp + e] = gi == NULL ? 0.0f : LOAD(gi, e);
                 }
             }
+            transpose_values(kr, n, d, dp, kt, np); /* keys and values transposed, columns beyond n staying zero */
+            transpose_values(vr, n, d, d, vt, np);
             const float *ph = pos + h * n * n;
             /* S = qs k^T + pos + mask into p (ROWS rows at a time), then the rows' softmax in place */
             for (int64_t i0 = 0; i0 < n; i0 += ROWS) {
@@ -192,7 +202,9 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
                                 memcpy(stage + (j0 + r) * dp + c0, tmp, (size_t)width * sizeof(float));
                             else if (t >= 0) {
 #ifdef IS_BF16
-                                for (int64_t e = 0; e < width; e++) STORE(dst + t * row + c0, e, tmp[e]);
+                                int64_t e = 0;
+                                for (; e + VW <= width; e += VW) STOREV(dst + t * row + c0 + e, load_f32(tmp + e));
+                                for (; e < width; e++) STORE(dst + t * row + c0, e, tmp[e]);
 #else
                                 memcpy(dst + t * row + c0, tmp, (size_t)width * sizeof(float));
 #endif
@@ -224,9 +236,11 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
                 for (int part = 0; part < 2; part++) {
                     const float *src = part == 0 ? a : b;
                     const int64_t col = (part == 0 ? 0 : c) + h * d;
-                    if (t >= 0)
-                        for (int64_t e = 0; e < d; e++) STORE(dqkv + t * row + col, e, src[e]);
-                    else
+                    if (t >= 0) {
+                        int64_t e = 0;
+                        for (; e + VW <= d; e += VW) STOREV(dqkv + t * row + col + e, load_f32(src + e));
+                        for (; e < d; e++) STORE(dqkv + t * row + col, e, src[e]);
+                    } else
                         for (int64_t e = 0; e < d; e++) accpad[col + e] += src[e];
                 }
             }

@@ -88,26 +88,43 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
             vprev = vr;
 #endif
             for (int64_t h = 0; !dot && h < heads; h++) {
-                float *restrict qp = buf + h * per_head + i * d, *restrict kt = buf + h * per_head + nq * d + i,
-                                *restrict vp = buf + h * per_head + nq * d + d * np + i * dp;
+                /* q (times the scale), k and v rows; k into the head's result slot, transposed once the window is
+                 * packed (the slot is written only by the head's attention, after that) */
+                float *restrict qp = buf + h * per_head + i * d, *restrict vp = buf + h * per_head + nq * d + d * np + i * dp,
+                                *restrict kp = buf + h * per_head + nq * d + d * np + n * dp + i * d;
                 const T *restrict qi = qr + h * q_h, *restrict ki = kr + h * k_h, *restrict vi = vr + h * v_h;
-                for (int64_t c = 0; c < d; c++) vp[c] = LOAD(vi, c);
+                int64_t c = 0;
                 if (cosine == NULL) {
-                    for (int64_t c = 0; c < d; c++) qp[c] = LOAD(qi, c) * scale;
-                    for (int64_t c = 0; c < d; c++) kt[c * np] = LOAD(ki, c);
-                } else { /* F.normalize's x / max(|x|, 1e-12), q then times the head's logit scale */
-                    float qq = 0.0f, kk = 0.0f;
-                    for (int64_t c = 0; c < d; c++) {
-                        qp[c] = LOAD(qi, c);
-                        qq += qp[c] * qp[c];
-                        kt[c * np] = LOAD(ki, c);
-                        kk += kt[c * np] * kt[c * np];
+                    for (; c + VW <= d; c += VW) {
+                        store_f32(qp + c, LOADV(qi + c) * splat(scale));
+                        store_f32(kp + c, LOADV(ki + c));
+                        store_f32(vp + c, LOADV(vi + c));
                     }
-                    float qn = sqrtf(qq), kn = sqrtf(kk), s = cosine[h] * scale;
+                    for (; c < d; c++) qp[c] = LOAD(qi, c) * scale, kp[c] = LOAD(ki, c), vp[c] = LOAD(vi, c);
+                } else { /* F.normalize's x / max(|x|, 1e-12), q then times the head's logit scale */
+                    vf qq = splat(0.0f), kk = splat(0.0f);
+                    for (; c + VW <= d; c += VW) {
+                        const vf a = LOADV(qi + c), b = LOADV(ki + c);
+                        store_f32(qp + c, a);
+                        store_f32(kp + c, b);
+                        store_f32(vp + c, LOADV(vi + c));
+                        qq += a * a;
+                        kk += b * b;
+                    }
+                    float qs = hsum(qq), ks = hsum(kk);
+                    for (; c < d; c++) {
+                        qp[c] = LOAD(qi, c), kp[c] = LOAD(ki, c), vp[c] = LOAD(vi, c);
+                        qs += qp[c] * qp[c];
+                        ks += kp[c] * kp[c];
+                    }
+                    float qn = sqrtf(qs), kn = sqrtf(ks), s = cosine[h] * scale;
                     qn = qn < 1e-12f ? 1e-12f : qn; /* NaN stays NaN */
                     kn = kn < 1e-12f ? 1e-12f : kn;
-                    for (int64_t c = 0; c < d; c++) qp[c] = qp[c] / qn * s;
-                    for (int64_t c = 0; c < d; c++) kt[c * np] = kt[c * np] / kn;
+                    for (c = 0; c + VW <= d; c += VW) {
+                        store_f32(qp + c, load_f32(qp + c) / splat(qn) * splat(s));
+                        store_f32(kp + c, load_f32(kp + c) / splat(kn));
+                    }
+                    for (; c < d; c++) qp[c] = qp[c] / qn * s, kp[c] = kp[c] / kn;
                 }
             }
         }
@@ -121,6 +138,7 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
             }
         for (int64_t h = 0; h < heads; h++) {
             float *qp = buf + h * per_head, *kt = qp + nq * d, *vp = kt + d * np, *res = vp + n * dp;
+            transpose_values(res, n, dot ? d / 2 : d, dot ? d / 2 : d, kt, np); /* the packed key rows */
 #if defined(BF16_DOT) && defined(IS_BF16)
             if (dot) {
 #if defined(AMX) && defined(IS_BF16)
@@ -148,7 +166,9 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
             for (int64_t h = 0; h < heads; h++) {
                 const float *restrict res = buf + h * per_head + nq * d + d * np + n * dp + i * dp;
                 T *restrict oi = o + h * d;
-                for (int64_t c = 0; c < d; c++) STORE(oi, c, res[c]);
+                int64_t c = 0;
+                for (; c + VW <= d; c += VW) STOREV(oi + c, load_f32(res + c));
+                for (; c < d; c++) STORE(oi, c, res[c]);
             }
         }
     }
