@@ -54,6 +54,10 @@
  * 800x1216, each timed alone, 2 threads of an Intel Xeon family 6 model 167: 89.4 against 78.5 ms; Swin V2-T's bf16
  * calls 93.1 against 81.1 ms).
  *
+ * Softmax rows: the exponentials of four score rows run interleaved (each row's chain of max, exponentials and sum is
+ * a sequence of dependent steps; one row at a time left the vector units waiting), every row's arithmetic and order
+ * unchanged. Swin-T's twelve bf16 calls (the same measurement): 60.0 against 46.5 ms; fp32 75.3 against 73.1 ms.
+ *
  * Parallel: a call handles the windows [begin, end), so callers split the windows over threads; each window writes
  * its own output rows. Memory: while a window is computed, the rows of the next are prefetched (the q, k, v of a
  * window are gathered from a projection map larger than the caches: about 30% of a bf16 call waited on those reads).
@@ -138,6 +142,20 @@ static inline float exp_row(float *s, int64_t np, float mx) {
     return hsum(sum);
 }
 
+/* exp_row for ROWS rows (row stride np) at once, with their maxima mx and sums out: each row's arithmetic and the
+ * order of its sum as exp_row's (the same bits), the rows' independent exponentials interleaved. */
+static inline __attribute__((always_inline)) void exp_rows(float *s, int64_t np, const float *mx, float *sums) {
+    vf m[ROWS], sum[ROWS];
+    for (int q = 0; q < ROWS; q++) m[q] = splat(mx[q]), sum[q] = splat(0.0f);
+    for (int64_t j = 0; j < np; j += VW)
+        for (int q = 0; q < ROWS; q++) {
+            const vf x = vexp(load_f32(s + q * np + j) - m[q]);
+            sum[q] += x;
+            store_f32(s + q * np + j, x);
+        }
+    for (int q = 0; q < ROWS; q++) sums[q] = hsum(sum[q]);
+}
+
 /* The scores of `rows` query rows in one block of KV * VW columns: scale * acc + bias (acc: ROWS x KV vectors of
  * sums, fp32 or the dot-product build's, the same bits), their running row maxima in rmax, stored to scores (rows of
  * np); bias points at the block's first row. */
@@ -196,7 +214,12 @@ static void attend_unit(const float *qp, const float *kt, const float *vp, const
             biased_scores(acc, 1.0f, bias + i0 * np, rows, np, c0, rmax, scores);
         }
         float sums[ROWS]; /* softmax numerators in place */
-        for (int r = 0; r < ROWS; r++) sums[r] = r < rows ? exp_row(scores + r * np, np, hmax(rmax[r])) : 1.0f;
+        if (rows == ROWS) {
+            float mx[ROWS];
+            for (int r = 0; r < ROWS; r++) mx[r] = hmax(rmax[r]);
+            exp_rows(scores, np, mx, sums);
+        } else
+            for (int r = 0; r < ROWS; r++) sums[r] = r < rows ? exp_row(scores + r * np, np, hmax(rmax[r])) : 1.0f;
         /* numerators x values, DV * VW dims at a time, divided by the row's sum */
         for (int64_t c0 = 0; c0 < dp; c0 += DV * VW) {
             vf acc[ROWS][DV];
@@ -236,6 +259,25 @@ static inline float bf16_numerators(const float *s, int64_t np, float mx, uint16
     return hsum(sum);
 }
 
+/* bf16_numerators for four rows of scores (row stride np, pb likewise) at once, with their maxima mx and sums out:
+ * each row's arithmetic and the order of its sums as bf16_numerators (the same bits), the four rows' independent
+ * exponentials interleaved, where one row's chain of dependent steps left the vector units idle. */
+static inline __attribute__((always_inline)) void bf16_numerators4(const float *s, int64_t np, const float *mx,
+                                                                   uint16_t *pb, float *sums) {
+    vf m[4], sum[4];
+    for (int q = 0; q < 4; q++) m[q] = splat(mx[q]), sum[q] = splat(0.0f);
+    for (int64_t j = 0; j < np; j += 2 * VW)
+        for (int q = 0; q < 4; q++) {
+            const vf x0 = vexp(load_f32(s + q * np + j) - m[q]), x1 = vexp(load_f32(s + q * np + j + VW) - m[q]);
+            sum[q] += x0 + x1;
+            __m512 a0, a1;
+            memcpy(&a0, &x0, sizeof(a0));
+            memcpy(&a1, &x1, sizeof(a1));
+            _mm512_storeu_si512(pb + q * np + j, (__m512i)_mm512_cvtne2ps_pbh(a1, a0));
+        }
+    for (int q = 0; q < 4; q++) sums[q] = hsum(sum[q]);
+}
+
 /* One (window, head) from bf16 operands with AVX512-BF16 dot products (vdpbf16ps: two bf16 products per fp32 lane,
  * exact, summed in fp32): half the multiply instructions of attend_unit. qb (n rounded up to ROWS, d) the queries as
  * they are, rows beyond n zero; kb (d / 2, np, 2) the keys as pairs along d, columns beyond n zero; vb (n rounded up
@@ -269,15 +311,20 @@ static void attend_unit_bf16dot(const uint16_t *qb, const uint16_t *kb, const ui
             biased_scores(acc, scale, bias + i0 * np, rows, np, c0, rmax, scores);
         }
         float sums[ROWS];
-        for (int r = 0; r < ROWS; r++) {
-            sums[r] = 1.0f;
-            if (r >= rows) { /* rows beyond n: zero weights */
-                memset(pb + r * np, 0, (size_t)np * sizeof(uint16_t));
-                continue;
+        if (ROWS == 4 && rows == 4) {
+            float mx[4];
+            for (int r = 0; r < 4; r++) mx[r] = hmax(rmax[r]);
+            bf16_numerators4(scores, np, mx, pb, sums);
+        } else
+            for (int r = 0; r < ROWS; r++) {
+                sums[r] = 1.0f;
+                if (r >= rows) { /* rows beyond n: zero weights */
+                    memset(pb + r * np, 0, (size_t)np * sizeof(uint16_t));
+                    continue;
+                }
+                float *s = scores + r * np;
+                sums[r] = bf16_numerators(s, np, hmax(rmax[r]), pb + r * np);
             }
-            float *s = scores + r * np;
-            sums[r] = bf16_numerators(s, np, hmax(rmax[r]), pb + r * np);
-        }
         for (int64_t c0 = 0; c0 < dp; c0 += DV * VW) {
             __m512 acc[ROWS][DV];
             for (int r = 0; r < ROWS; r++)
@@ -401,7 +448,23 @@ AMX_TARGET static void attend_unit_amx(const uint16_t *qb, const uint16_t *kb, c
             _tile_stored(3, scores + c0 + 48, np * 4);
         }
         float sums[16];
-        for (int r = 0; r < 16; r++) {
+        int r = 0;
+        for (; r + 4 <= rows; r += 4) { /* four rows at a time: scale, bias and maxima, then the numerators */
+            float *s = scores + r * np;
+            const float *b = bias + (i0 + r) * np;
+            vf mv[4];
+            float mx[4];
+            for (int q = 0; q < 4; q++) mv[q] = splat(-inf);
+            for (int64_t j = 0; j < np; j += VW)
+                for (int q = 0; q < 4; q++) {
+                    const vf x = load_f32(s + q * np + j) * splat(scale) + load_f32(b + q * np + j);
+                    mv[q] = vmax(mv[q], x);
+                    store_f32(s + q * np + j, x);
+                }
+            for (int q = 0; q < 4; q++) mx[q] = hmax(mv[q]);
+            bf16_numerators4(s, np, mx, pb + r * np, sums + r);
+        }
+        for (; r < 16; r++) {
             sums[r] = 1.0f;
             if (r >= rows) { /* rows beyond n: zero weights */
                 memset(pb + r * np, 0, (size_t)np * sizeof(uint16_t));

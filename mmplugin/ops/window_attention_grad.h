@@ -31,6 +31,53 @@
  * Returns 0, or 1 when a thread's scratch buffer cannot be allocated. */
 #ifndef MMP_TOKEN_ROW
 #define MMP_TOKEN_ROW
+/* Rows [0, R) of one (window, head)'s softmax backward, R at most ROWS and a constant where inlined (the rows'
+ * dependent chains interleaved): p (rows of np) holds scale * q k^T on entry and P = softmax(S) on exit, S = that +
+ * pos + m (m NULL without a mask; rows of n), the padding columns -inf; ds holds dP on entry and dS = P * (dP -
+ * rowsum(P * dP)) on exit; acc (rows of n) += dS. Each row's arithmetic in the same order whatever R. */
+static inline __attribute__((always_inline)) void softmax_grad_rows(const int R, float *p, float *ds, const float *pos,
+                                                                    const float *m, float *acc, int64_t n,
+                                                                    int64_t np) {
+    float mx[ROWS], sums[ROWS];
+    for (int r = 0; r < R; r++) {
+        float *restrict pi = p + r * np;
+        const float *restrict pr = pos + r * n, *restrict mr = m == NULL ? NULL : m + r * n;
+        for (int64_t j = 0; j < n; j++) pi[j] += mr == NULL ? pr[j] : pr[j] + mr[j];
+        for (int64_t j = n; j < np; j++) pi[j] = -__builtin_inff();
+    }
+    {
+        vf mv[ROWS];
+        for (int r = 0; r < R; r++) mv[r] = splat(-__builtin_inff());
+        for (int64_t j = 0; j < np; j += VW)
+            for (int r = 0; r < R; r++) mv[r] = vmax(mv[r], load_f32(p + r * np + j));
+        for (int r = 0; r < R; r++) mx[r] = hmax(mv[r]);
+    }
+    {
+        vf mv[ROWS], sum[ROWS];
+        for (int r = 0; r < R; r++) mv[r] = splat(mx[r]), sum[r] = splat(0.0f);
+        for (int64_t j = 0; j < np; j += VW)
+            for (int r = 0; r < R; r++) {
+                const vf x = vexp(load_f32(p + r * np + j) - mv[r]);
+                sum[r] += x;
+                store_f32(p + r * np + j, x);
+            }
+        for (int r = 0; r < R; r++) sums[r] = hsum(sum[r]);
+    }
+    vf inv[ROWS], dot[ROWS];
+    for (int r = 0; r < R; r++) inv[r] = splat(1.0f / sums[r]), dot[r] = splat(0.0f);
+    for (int64_t j = 0; j < np; j += VW)
+        for (int r = 0; r < R; r++) {
+            const vf x = load_f32(p + r * np + j) * inv[r];
+            dot[r] += x * load_f32(ds + r * np + j);
+            store_f32(p + r * np + j, x);
+        }
+    for (int r = 0; r < R; r++) dot[r] = splat(hsum(dot[r]));
+    for (int64_t j = 0; j < np; j += VW)
+        for (int r = 0; r < R; r++)
+            store_f32(ds + r * np + j, load_f32(p + r * np + j) * (load_f32(ds + r * np + j) - dot[r]));
+    for (int r = 0; r < R; r++)
+        for (int64_t j = 0; j < n; j++) acc[r * n + j] += ds[r * np + j];
+}
 /* Token i of window w: its row in qkv / g / dqkv (the window layout's own row, or the map row through rows), or -1
  * for a padding token of the map layout. */
 static inline int64_t token_row(const int64_t *rows, int64_t w, int64_t i, int64_t nw, int64_t n, int64_t img_rows) {
@@ -135,37 +182,14 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
                             for (int j = 0; j < KV; j++) memcpy(res + (i0 + r) * np + c0 + j * VW, &s[r][j], sizeof(vf));
                     }
             }
-            for (int64_t i = 0; i < n; i++) {
-                float *restrict pi = p + i * np, *restrict di = ds + i * np;
-                const float *restrict pr = ph + i * n, *restrict mr = mw == NULL ? NULL : mw + i * n;
-                for (int64_t j = 0; j < n; j++) pi[j] += mr == NULL ? pr[j] : pr[j] + mr[j];
-                for (int64_t j = n; j < np; j++) pi[j] = -__builtin_inff();
-                vf mx = splat(-__builtin_inff());
-                for (int64_t j = 0; j < np; j += VW) {
-                    vf x;
-                    memcpy(&x, pi + j, sizeof(vf));
-                    mx = vmax(mx, x);
-                }
-                const vf inv = splat(1.0f / exp_row(pi, np, hmax(mx)));
-                vf dot = splat(0.0f);
-                for (int64_t j = 0; j < np; j += VW) {
-                    vf x, y;
-                    memcpy(&x, pi + j, sizeof(vf));
-                    memcpy(&y, di + j, sizeof(vf));
-                    x = x * inv;
-                    dot += x * y;
-                    memcpy(pi + j, &x, sizeof(vf));
-                }
-                const vf dd = splat(hsum(dot));
-                float *restrict ai = acc + (h * n + i) * n;
-                for (int64_t j = 0; j < np; j += VW) {
-                    vf x, y;
-                    memcpy(&x, pi + j, sizeof(vf));
-                    memcpy(&y, di + j, sizeof(vf));
-                    y = x * (y - dd);
-                    memcpy(di + j, &y, sizeof(vf));
-                }
-                for (int64_t j = 0; j < n; j++) ai[j] += di[j];
+            for (int64_t i0 = 0; i0 < n; i0 += ROWS) { /* ROWS rows at a time, their chains interleaved */
+                const float *mr = mw == NULL ? NULL : mw + i0 * n;
+                if (n - i0 >= ROWS)
+                    softmax_grad_rows(ROWS, p + i0 * np, ds + i0 * np, ph + i0 * n, mr, acc + (h * n + i0) * n, n, np);
+                else
+                    for (int64_t i = i0; i < n; i++)
+                        softmax_grad_rows(1, p + i * np, ds + i * np, ph + i * n, mw == NULL ? NULL : mw + i * n,
+                                          acc + (h * n + i) * n, n, np);
             }
             /* dV = P^T dO, dK = scale * dS^T Q (qs carries the scale), dQ = scale * dS K: ROWS output rows and DV * VW
              * dims at a time, written to the projection's layout; for the cosine attention dK and dS K (unscaled) go
