@@ -54,9 +54,9 @@
  * 800x1216, each timed alone, 2 threads of an Intel Xeon family 6 model 167: 89.4 against 78.5 ms; Swin V2-T's bf16
  * calls 93.1 against 81.1 ms).
  *
- * Softmax rows: the exponentials of four score rows run interleaved (each row's chain of max, exponentials and sum is
- * a sequence of dependent steps; one row at a time left the vector units waiting), every row's arithmetic and order
- * unchanged. Swin-T's twelve bf16 calls (the same measurement): 60.0 against 46.5 ms; fp32 75.3 against 73.1 ms.
+ * Softmax rows: the exponentials of several score rows run interleaved (ROWS of them: 4 in AVX-512 builds, 2 in the
+ * others; each row's chain of max, exponentials and sum is a sequence of dependent steps, and one row at a time left
+ * the vector units waiting), every row's arithmetic and order unchanged. Swin-T's twelve bf16 calls (the same measurement): 60.0 against 46.5 ms; fp32 75.3 against 73.1 ms.
  *
  * Parallel: a call handles the windows [begin, end), so callers split the windows over threads; each window writes
  * its own output rows. Memory: while a window is computed, the rows of the next are prefetched (the q, k, v of a
@@ -77,7 +77,7 @@
 
 static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-/* dst[c * ds] = src[c] for one 32-bit value (a bit copy: NaN payloads and bf16 pairs pass as they are) */
+/* *dst = *src for one 32-bit value, as bits (NaN payloads and bf16 pairs pass as they are) */
 static inline void move32(float *dst, const float *src) { memcpy(dst, src, sizeof(float)); }
 
 /* A VW x VW block of 32-bit values transposed, dst[c * ds + r] = src[r * ss + c]: log2(VW) rounds, each swapping the
@@ -101,8 +101,9 @@ static inline void transpose_square(const float *src, int64_t ss, float *dst, in
     for (int i = 0; i < VW; i++) store_f32(dst + i * ds, r[i]);
 }
 
-/* A rows x cols matrix of 32-bit values (row stride ss) transposed into dst (row stride ds): the packed keys'
- * columns from their rows, VW x VW blocks in registers where they fit, single values at the edges. */
+/* A rows x cols matrix of 32-bit values (row stride ss) transposed into dst (row stride ds): the packed keys' columns
+ * from their rows (and the gradient's values'), VW x VW blocks in registers where they fit, single values at the
+ * edges. */
 static void transpose_values(const float *src, int64_t rows, int64_t cols, int64_t ss, float *dst, int64_t ds) {
     int64_t r0 = 0;
     for (; r0 + VW <= rows; r0 += VW) {

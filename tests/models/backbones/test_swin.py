@@ -430,7 +430,8 @@ def test_bad_construction(cls, kwargs, match):
 def test_shift_mask_equals_the_official_construction(h, w, ws, shift, dtype):
     """The eager mask (zeros, only the windows with several shift regions computed) and the traced form (every
     window) equal the official construction: regions sliced on the padded map, windows partitioned, -100 across
-    regions, 0 within."""
+    regions, 0 within. The window-attention kernels' fp32 copy of a geometry's mask is the fp32 mask bit for bit,
+    made once per geometry."""
     from mmplugin.models.backbones.swin.windows import (
         MASK_VALUE,
         WindowGeometry,
@@ -453,4 +454,8 @@ def test_shift_mask_equals_the_official_construction(h, w, ws, shift, dtype):
     assert torch.equal(eager.float(), official) and torch.equal(traced.float(), official)
     bits = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}[dtype]
     assert torch.equal(eager.view(bits), traced.view(bits))  # bit for bit, the sign of zero included
-    assert torch.equal(WindowGeometry(h, w, ws, shift, torch.device('cpu'), dtype).mask, eager)
+    geom = WindowGeometry(h, w, ws, shift, torch.device('cpu'), dtype)
+    assert torch.equal(geom.mask, eager)
+    kernel = geom.kernel_mask()
+    assert kernel.dtype == torch.float32 and kernel is geom.kernel_mask()  # shared by the stage's blocks
+    assert torch.equal(kernel.view(torch.int32), shift_mask(label, torch.float32, False).view(torch.int32))

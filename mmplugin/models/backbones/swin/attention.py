@@ -207,7 +207,7 @@ class WindowAttentionBase(nn.Module):
         if training:
             feeds = [p for name, p in self.named_parameters() if not name.startswith('proj.')]  # what q, k, v need
             if (self.attn_drop or self.proj_drop.p or map_attention_dtype(x, *feeds) is None
-                    or not kernel_context(x, geom.mask_in(torch.float32))):
+                    or not kernel_context(x, geom.mask)):
                 return None
         else:
             low = torch.get_autocast_dtype('cpu') if torch.is_autocast_enabled('cpu') else x.dtype
@@ -225,12 +225,12 @@ class WindowAttentionBase(nn.Module):
             # V2's bias comes from its MLP, bf16 under autocast, and its logit scales from a bf16 model's parameter:
             # the kernels take them in fp32 (the same values)
             out = map_window_softmax_attention(qkv, pad, geom.map_rows(), self.num_heads, pos.float().unsqueeze(0),
-                                               geom.mask_in(torch.float32),
+                                               geom.kernel_mask(),
                                                (c // self.num_heads)**-0.5 if scale is None else scale,
                                                None if cosine is None else cosine.float())
         else:
             out = map_window_attention(qkv, pad.to(qkv.dtype), geom.map_rows(), self.num_heads, pos,
-                                       geom.mask_in(torch.float32), scale, cosine)
+                                       geom.kernel_mask(), scale, cosine)
         return None if out is None else out.view(b, h, w, c)
 
 

@@ -1,9 +1,10 @@
 """Non-overlapping patch embedding (a convolution whose kernel equals its stride), safe under reduced precision.
 
 ``Conv2d(C, D, kernel_size=p, stride=p)`` on a map whose sides are multiples of ``p`` is exactly a linear map
-applied to every ``p x p`` patch: split ``(B, C, H, W)`` into ``(B, H/p, W/p, C*p*p)`` patches (a reshape and one
-permuted copy of the input) and multiply by the weight viewed as ``(D, C*p*p)``. The products and sums are the
-convolution's (only their order may differ: float rounding), and each output token reads its own patch only.
+applied to every ``p x p`` patch: split the channels-last ``(B, H, W, C)`` memory of the input into ``(B, H/p, W/p,
+p*p*C)`` patches (row, column, channel; a copy of runs of ``p*C`` values, after a channels-last copy of an NCHW input)
+and multiply by the weight permuted to ``(D, p, p, C)``. The products and sums are the convolution's (only their
+order may differ: float rounding), and each output token reads its own patch only.
 
 Why not always the convolution: oneDNN's native-bf16 convolution for 3 input channels writes NaN into the
 output column next to a +/-Inf input pixel on AVX512-BF16 CPUs (channels-last; the correct +/-Inf stays at its

@@ -4,7 +4,8 @@ Feature maps are ``(B, H, W, C)`` (channels last). Windows follow the official d
 zero-padded at the bottom/right to a multiple of the window, cyclically shifted by ``-shift``, cut into
 ``ws x ws`` windows; the inverse undoes the shift and crops the padding. The cyclic shift and the partition are one
 ``index_select`` with a cached permutation, and the reverse + un-shift + crop is another, so each direction
-copies the map once. The shift mask is built once per stage and forward from cached per-position region labels.
+copies the map once. The shift mask is built once per stage and forward from cached per-position region labels
+(and an fp32 copy for the window-attention kernels where the map is bf16 or fp16).
 """
 from __future__ import annotations
 
@@ -143,10 +144,11 @@ def shift_mask(label: torch.Tensor, dtype: torch.dtype, traced: bool) -> torch.T
 class WindowGeometry:
     """Per-stage description of how an ``(H, W)`` map is windowed; computed once and shared by its blocks.
 
-    ``dtype`` is the map's: the shift mask is made in it, so a half-precision model adds no fp32 tensor.
-    Eager: the index tensors come from a cache keyed by the size, so only the ``(nW, N, N)`` shift mask is built
-    per stage and forward. While tracing (``h``, ``w`` may be SymInts), the same indices are computed in the graph
-    and the map is always padded, so exported / compiled models run at any size with eager's exact arithmetic.
+    ``dtype`` is the map's: the shift mask is made in it, so a half-precision model adds no fp32 tensor (the
+    window-attention kernels, eager on a CPU, take an fp32 copy: :meth:`kernel_mask`). Eager: the index tensors come
+    from a cache keyed by the size, so only the ``(nW, N, N)`` shift mask is built per stage and forward. While
+    tracing (``h``, ``w`` may be SymInts), the same indices are computed in the graph and the map is always padded, so
+    exported / compiled models run at any size with eager's exact arithmetic.
     """
 
     def __init__(self, h: int, w: int, ws: int, shift: int, device: torch.device, dtype: torch.dtype = torch.float32):
@@ -156,24 +158,19 @@ class WindowGeometry:
         self.traced = is_tracing() or not isinstance(h, int) or not isinstance(w, int)
         index = window_index if self.traced else _window_index
         self.fwd, self.inv, self._label = index(h, w, ws, shift, device)
-        self.dtype = dtype
-        self._masks: dict[torch.dtype, torch.Tensor] = {}
+        self.mask = None if self._label is None else shift_mask(self._label, dtype, self.traced)
+        self._kernel_mask: torch.Tensor | None = None
 
-    @property
-    def mask(self) -> torch.Tensor | None:
-        """The ``(nW, N, N)`` shift mask in the map's dtype, or None for an unshifted stage (made on first use)."""
-        return self.mask_in(self.dtype)
-
-    def mask_in(self, dtype: torch.dtype) -> torch.Tensor | None:
-        """The shift mask in ``dtype``, made once per geometry and dtype (its values are exact in every format). The
-        window-attention kernels add it in fp32: a bf16 map's blocks share one fp32 mask, made as such, where
-        converting the map-dtype mask at every shifted block took 3.6 ms at Swin-T's first stage (1276 x 49 x 49
-        at 800x1216, 2 threads, Intel Xeon family 6 model 167)."""
-        if self._label is None:
-            return None
-        if dtype not in self._masks:
-            self._masks[dtype] = shift_mask(self._label, dtype, self.traced)
-        return self._masks[dtype]
+    def kernel_mask(self) -> torch.Tensor | None:
+        """The shift mask in fp32, as the window-attention kernels add it (eager only): for a bf16 / fp16 map made
+        once per geometry from the region labels and shared by its blocks, where converting the map's mask at every
+        shifted block took 3.6 ms at Swin-T's first stage (1276 x 49 x 49 at 800x1216, 2 threads, Intel Xeon family
+        6 model 167). The mask's values are exact in every format: the same mask."""
+        if self.mask is None or self.mask.dtype == torch.float32:
+            return self.mask
+        if self._kernel_mask is None:
+            self._kernel_mask = shift_mask(self._label, torch.float32, self.traced)
+        return self._kernel_mask
 
     def map_rows(self) -> torch.Tensor:
         """``(nW, ws*ws)`` int64 rows of the unpadded map for each window token, -1 for padding (eager only): what
