@@ -128,33 +128,21 @@ static inline int zero_mask(const float *m, int64_t count) {
     return !any;
 }
 
-/* Softmax numerators of one score row in place, exp(s_j - mx) over its np columns, and their sum: exp(-inf) = 0 for
- * the padded columns; a NaN or infinite maximum gives a NaN row, as the formulation. */
-static inline float exp_row(float *s, int64_t np, float mx) {
-    const vf m = splat(mx);
-    vf sum = splat(0.0f);
-    for (int64_t j = 0; j < np; j += VW) {
-        vf x;
-        memcpy(&x, s + j, sizeof(vf));
-        x = vexp(x - m);
-        sum += x;
-        memcpy(s + j, &x, sizeof(vf));
-    }
-    return hsum(sum);
-}
-
-/* exp_row for ROWS rows (row stride np) at once, with their maxima mx and sums out: each row's arithmetic and the
- * order of its sum as exp_row's (the same bits), the rows' independent exponentials interleaved. */
-static inline __attribute__((always_inline)) void exp_rows(float *s, int64_t np, const float *mx, float *sums) {
+/* Softmax numerators of R score rows in place (row stride np; R at most ROWS and a constant where inlined), exp(s_j -
+ * mx[r]) over their np columns, and each row's sum into sums: exp(-inf) = 0 for the padded columns; a NaN or infinite
+ * maximum gives a NaN row, as the formulation. The rows' chains of dependent steps run interleaved (one row at a
+ * time left the vector units waiting); each row's arithmetic and the order of its sum are the same whatever R. */
+static inline __attribute__((always_inline)) void exp_rows(float *s, int64_t np, const float *mx, float *sums,
+                                                           const int R) {
     vf m[ROWS], sum[ROWS];
-    for (int q = 0; q < ROWS; q++) m[q] = splat(mx[q]), sum[q] = splat(0.0f);
+    for (int q = 0; q < R; q++) m[q] = splat(mx[q]), sum[q] = splat(0.0f);
     for (int64_t j = 0; j < np; j += VW)
-        for (int q = 0; q < ROWS; q++) {
+        for (int q = 0; q < R; q++) {
             const vf x = vexp(load_f32(s + q * np + j) - m[q]);
             sum[q] += x;
             store_f32(s + q * np + j, x);
         }
-    for (int q = 0; q < ROWS; q++) sums[q] = hsum(sum[q]);
+    for (int q = 0; q < R; q++) sums[q] = hsum(sum[q]);
 }
 
 /* The scores of `rows` query rows in one block of KV * VW columns: scale * acc + bias (acc: ROWS x KV vectors of
@@ -218,9 +206,13 @@ static void attend_unit(const float *qp, const float *kt, const float *vp, const
         if (rows == ROWS) {
             float mx[ROWS];
             for (int r = 0; r < ROWS; r++) mx[r] = hmax(rmax[r]);
-            exp_rows(scores, np, mx, sums);
+            exp_rows(scores, np, mx, sums, ROWS);
         } else
-            for (int r = 0; r < ROWS; r++) sums[r] = r < rows ? exp_row(scores + r * np, np, hmax(rmax[r])) : 1.0f;
+            for (int r = 0; r < ROWS; r++) {
+                const float mx = hmax(rmax[r]);
+                sums[r] = 1.0f;
+                if (r < rows) exp_rows(scores + r * np, np, &mx, sums + r, 1);
+            }
         /* numerators x values, DV * VW dims at a time, divided by the row's sum */
         for (int64_t c0 = 0; c0 < dp; c0 += DV * VW) {
             vf acc[ROWS][DV];
@@ -244,31 +236,16 @@ static void attend_unit(const float *qp, const float *kt, const float *vp, const
 #include <immintrin.h>
 #define BF16_DOT 1
 
-/* Softmax numerators of one score row, exp(s_j - mx) over its np columns (a multiple of 2 * VW), rounded to bf16
- * into pb for the product with the values; returns the fp32 sum of the unrounded numerators. NaN stays NaN. */
-static inline float bf16_numerators(const float *s, int64_t np, float mx, uint16_t *pb) {
-    const vf m = splat(mx);
-    vf sum = splat(0.0f);
-    for (int64_t j = 0; j < np; j += 2 * VW) {
-        const vf x0 = vexp(load_f32(s + j) - m), x1 = vexp(load_f32(s + j + VW) - m);
-        sum += x0 + x1;
-        __m512 a0, a1;
-        memcpy(&a0, &x0, sizeof(a0));
-        memcpy(&a1, &x1, sizeof(a1));
-        _mm512_storeu_si512(pb + j, (__m512i)_mm512_cvtne2ps_pbh(a1, a0));
-    }
-    return hsum(sum);
-}
-
-/* bf16_numerators for four rows of scores (row stride np, pb likewise) at once, with their maxima mx and sums out:
- * each row's arithmetic and the order of its sums as bf16_numerators (the same bits), the four rows' independent
- * exponentials interleaved, where one row's chain of dependent steps left the vector units idle. */
-static inline __attribute__((always_inline)) void bf16_numerators4(const float *s, int64_t np, const float *mx,
-                                                                   uint16_t *pb, float *sums) {
+/* Softmax numerators of R score rows (row stride np, pb likewise; R at most 4 and a constant where inlined), exp(s_j -
+ * mx[r]) over their np columns (a multiple of 2 * VW), rounded to bf16 into pb for the product with the values, and
+ * the fp32 sums of the unrounded numerators into sums. NaN stays NaN. The rows run interleaved, as exp_rows; each
+ * row's arithmetic and the order of its sum are the same whatever R. */
+static inline __attribute__((always_inline)) void bf16_numerators(const float *s, int64_t np, const float *mx,
+                                                                  uint16_t *pb, float *sums, const int R) {
     vf m[4], sum[4];
-    for (int q = 0; q < 4; q++) m[q] = splat(mx[q]), sum[q] = splat(0.0f);
+    for (int q = 0; q < R; q++) m[q] = splat(mx[q]), sum[q] = splat(0.0f);
     for (int64_t j = 0; j < np; j += 2 * VW)
-        for (int q = 0; q < 4; q++) {
+        for (int q = 0; q < R; q++) {
             const vf x0 = vexp(load_f32(s + q * np + j) - m[q]), x1 = vexp(load_f32(s + q * np + j + VW) - m[q]);
             sum[q] += x0 + x1;
             __m512 a0, a1;
@@ -276,7 +253,7 @@ static inline __attribute__((always_inline)) void bf16_numerators4(const float *
             memcpy(&a1, &x1, sizeof(a1));
             _mm512_storeu_si512(pb + q * np + j, (__m512i)_mm512_cvtne2ps_pbh(a1, a0));
         }
-    for (int q = 0; q < 4; q++) sums[q] = hsum(sum[q]);
+    for (int q = 0; q < R; q++) sums[q] = hsum(sum[q]);
 }
 
 /* One (window, head) from bf16 operands with AVX512-BF16 dot products (vdpbf16ps: two bf16 products per fp32 lane,
@@ -315,7 +292,7 @@ static void attend_unit_bf16dot(const uint16_t *qb, const uint16_t *kb, const ui
         if (ROWS == 4 && rows == 4) {
             float mx[4];
             for (int r = 0; r < 4; r++) mx[r] = hmax(rmax[r]);
-            bf16_numerators4(scores, np, mx, pb, sums);
+            bf16_numerators(scores, np, mx, pb, sums, 4);
         } else
             for (int r = 0; r < ROWS; r++) {
                 sums[r] = 1.0f;
@@ -324,7 +301,8 @@ static void attend_unit_bf16dot(const uint16_t *qb, const uint16_t *kb, const ui
                     continue;
                 }
                 float *s = scores + r * np;
-                sums[r] = bf16_numerators(s, np, hmax(rmax[r]), pb + r * np);
+                const float mx = hmax(rmax[r]);
+                bf16_numerators(s, np, &mx, pb + r * np, sums + r, 1);
             }
         for (int64_t c0 = 0; c0 < dp; c0 += DV * VW) {
             __m512 acc[ROWS][DV];
@@ -463,7 +441,7 @@ AMX_TARGET static void attend_unit_amx(const uint16_t *qb, const uint16_t *kb, c
                     store_f32(s + q * np + j, x);
                 }
             for (int q = 0; q < 4; q++) mx[q] = hmax(mv[q]);
-            bf16_numerators4(s, np, mx, pb + r * np, sums + r);
+            bf16_numerators(s, np, mx, pb + r * np, sums + r, 4);
         }
         for (; r < 16; r++) {
             sums[r] = 1.0f;
@@ -479,7 +457,8 @@ AMX_TARGET static void attend_unit_amx(const uint16_t *qb, const uint16_t *kb, c
                 mx = vmax(mx, x);
                 store_f32(s + j, x);
             }
-            sums[r] = bf16_numerators(s, np, hmax(mx), pb + r * np);
+            const float m1 = hmax(mx);
+            bf16_numerators(s, np, &m1, pb + r * np, sums + r, 1);
         }
         __asm__ volatile("" ::: "memory");
         for (int64_t c0 = 0; c0 < dp; c0 += 32) {

@@ -52,17 +52,7 @@ static inline __attribute__((always_inline)) void softmax_grad_rows(const int R,
             for (int r = 0; r < R; r++) mv[r] = vmax(mv[r], load_f32(p + r * np + j));
         for (int r = 0; r < R; r++) mx[r] = hmax(mv[r]);
     }
-    {
-        vf mv[ROWS], sum[ROWS];
-        for (int r = 0; r < R; r++) mv[r] = splat(mx[r]), sum[r] = splat(0.0f);
-        for (int64_t j = 0; j < np; j += VW)
-            for (int r = 0; r < R; r++) {
-                const vf x = vexp(load_f32(p + r * np + j) - mv[r]);
-                sum[r] += x;
-                store_f32(p + r * np + j, x);
-            }
-        for (int r = 0; r < R; r++) sums[r] = hsum(sum[r]);
-    }
+    exp_rows(p, np, mx, sums, R);
     vf inv[ROWS], dot[ROWS];
     for (int r = 0; r < R; r++) inv[r] = splat(1.0f / sums[r]), dot[r] = splat(0.0f);
     for (int64_t j = 0; j < np; j += VW)
