@@ -91,7 +91,8 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
                      scale: float | None = None, cosine: torch.Tensor | None = None) -> torch.Tensor | None:
     """``softmax(scale * q k^T + pos + mask) v`` with the heads merged, or None where the kernel does not apply.
     With ``cosine`` (Swin V2), ``q`` and ``k`` are normalised first and ``q`` scaled per head:
-    ``q <- F.normalize(q) * cosine``, ``k <- F.normalize(k)``.
+    ``q <- F.normalize(q) * cosine``, ``k <- F.normalize(k)``; bf16 on CPUs with bf16 dot products (AVX512-BF16,
+    AMX) rounds the normalised q and k to bf16 for the products, as a bf16 matmul of ``F.normalize``'s output would.
 
     Args:
         q, k, v: ``(B*nW, heads, N, d)``, windows image-major (window ``w`` of the batch is window ``w % nW`` of its

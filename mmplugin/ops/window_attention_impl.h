@@ -16,9 +16,11 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
     const int64_t biases = mask == NULL ? 1 : 2;
     const int64_t floats = heads * per_head + biases * heads * n * np + 16 * (np + np + dp);
 #if defined(BF16_DOT) && defined(IS_BF16)
-    /* bf16 operands as they are, in the pair layouts of attend_unit_bf16dot (in the same per-head slots: bf16 takes
-     * half the room); the cosine attention normalises in fp32 and keeps the fp32 path */
-    const int dot = cosine == NULL && d % 2 == 0;
+    /* bf16 operands in the pair layouts of attend_unit_bf16dot (in the same per-head slots: bf16 takes half the
+     * room): as they are, or for the cosine attention normalised in fp32 and rounded (the products then need no
+     * scale) */
+    const int dot = d % 2 == 0;
+    const float dot_scale = cosine == NULL ? scale : 1.0f;
 #else
     const int dot = 0;
 #endif
@@ -84,7 +86,8 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
             }
 #if defined(BF16_DOT) && defined(IS_BF16)
             if (dot)
-                pack_token_bf16dot(qr, kr, vr, vprev, q_h, k_h, v_h, heads, i, n, d, nq, np, dp, per_head, buf);
+                pack_token_bf16dot(qr, kr, vr, vprev, q_h, k_h, v_h, heads, i, n, d, nq, np, dp, per_head, cosine,
+                                   scale, buf);
             vprev = vr;
 #endif
             for (int64_t h = 0; !dot && h < heads; h++) {
@@ -144,12 +147,12 @@ int CAT(mmplugin_window_attention_, SUFFIX)(const T *q, const T *k, const T *v, 
 #if defined(AMX) && defined(IS_BF16)
                 if (amx) {
                     attend_unit_amx((const uint16_t *)qp, (const uint16_t *)kt, (const uint16_t *)vp, wb + h * n * np,
-                                    n, d, np, dp, scale, scores, (uint16_t *)numerators, numerators + 16 * np, res);
+                                    n, d, np, dp, dot_scale, scores, (uint16_t *)numerators, numerators + 16 * np, res);
                     continue;
                 }
 #endif
                 attend_unit_bf16dot((const uint16_t *)qp, (const uint16_t *)kt, (const uint16_t *)vp, wb + h * n * np,
-                                    n, d, np, dp, scale, scores, (uint16_t *)numerators, res);
+                                    n, d, np, dp, dot_scale, scores, (uint16_t *)numerators, res);
                 continue;
             }
 #endif

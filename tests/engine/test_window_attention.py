@@ -89,26 +89,77 @@ def test_kernel_equals_the_formulation(shape, dtype, kernel):
     assert rel_error(got.double(), ref) <= bound
 
 
-@pytest.mark.numeric
-@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
-def test_cosine_attention_equals_the_formulation(dtype, kernel):
-    """Swin V2: q and k normalised inside the kernel as F.normalize does (a zero row, as a padding token's, stays
-    zero through the 1e-12 floor) and q times its head's logit scale, against F.normalize in float64."""
+def _cosine_case(dtype, rounded):
+    """Swin V2's cosine attention on 6 windows of 64 tokens, 3 heads of 32 dims (logit scales 3, 10, 100, a zero q
+    row and a zero k row, as padding tokens give), with its float64 reference and bound: ``(q, k, v, pos, mask, logit,
+    ref, bound)``.
+
+    ``rounded``: the bf16 dot-product build's operands, F.normalize(q) * logit and F.normalize(k) computed in fp32 and
+    rounded to bf16 (as a bf16 matmul of F.normalize's fp32 output rounds them); the reference rounds them the same
+    way. q and k hold integers in [-8, 8], so their sums of squares are exact in any order and the fp32 quotients are
+    the kernel's to the bit: a quotient near a midpoint between two bf16 values cannot round the other way."""
     import torch.nn.functional as F
     bw, heads, n, d = 6, 3, 64, 32
     q, k, v = (t.clone() for t in qkv_views(bw, heads, n, d, seed=9, dtype=dtype))
+    g = torch.Generator().manual_seed(10)
+    q.copy_(torch.randint(-8, 9, q.shape, generator=g))
+    k.copy_(torch.randint(-8, 9, k.shape, generator=g))
     q[0, :, 5] = 0
     k[1, :, 6] = 0
     logit = torch.tensor([3.0, 10.0, 100.0]).view(heads, 1, 1)
     pos, mask = torch.randn(heads, n, n, generator=torch.Generator().manual_seed(4)), shift_mask(3, n)
-    with torch.no_grad():
-        got = wa.window_attention(q, k, v, pos, mask, 1.0, logit)
-    qn = F.normalize(q.double(), dim=-1, eps=1e-12) * logit.double()
-    ref = reference(qn, F.normalize(k.double(), dim=-1, eps=1e-12), v, pos, mask, 1.0)
+    if rounded:
+        norm = lambda x: (x.float()**2).sum(-1, keepdim=True).sqrt().clamp_min(1e-12)  # noqa: E731
+        qn = (q.float() / norm(q) * logit).bfloat16().double()
+        kn = (k.float() / norm(k)).bfloat16().double()
+    else:
+        qn = F.normalize(q.double(), dim=-1, eps=1e-12) * logit.double()
+        kn = F.normalize(k.double(), dim=-1, eps=1e-12)
+    ref = reference(qn, kn, v, pos, mask, 1.0)
     # the scores reach |logit| = 100 instead of about sqrt(d): their absolute rounding, which the softmax turns into
     # relative error of the weights, grows by up to 100 / sqrt(d)
-    fp32 = _bound(n, d, torch.float32) * 100 / d**0.5
-    assert rel_error(got.double(), ref) <= fp32 + (U_BF16 if dtype == torch.bfloat16 else 0)
+    bound = _bound(n, d, torch.float32) * 100 / d**0.5
+    if dtype == torch.bfloat16:  # the output's rounding; with bf16 products also the weights' (as _bf16_bound)
+        bound += U_BF16 * (1 + (float(v.double().abs().max()) / float(ref.abs().max()) if rounded else 0))
+    return q, k, v, pos, mask, logit, ref, bound
+
+
+@pytest.mark.numeric
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+def test_cosine_attention_equals_the_formulation(dtype, kernel):
+    """Swin V2: q and k normalised inside the kernel as F.normalize does (a zero row, as a padding token's, stays
+    zero through the 1e-12 floor) and q times its head's logit scale, against F.normalize in float64; bf16 in the
+    AVX512_BF16 build with the normalised operands rounded to bf16 for its bf16 products (:func:`_cosine_case`)."""
+    rounded = dtype == torch.bfloat16 and build.cpu_isa() == 'AVX512_BF16'
+    q, k, v, pos, mask, logit, ref, bound = _cosine_case(dtype, rounded)
+    with torch.no_grad():
+        got = wa.window_attention(q, k, v, pos, mask, 1.0, logit)
+    assert rel_error(got.double(), ref) <= bound
+
+
+@pytest.mark.numeric
+def test_cosine_attention_on_amx_tiles_or_vector_dot_products():
+    """The AVX512_BF16 build's cosine attention multiplies the rounded normalised operands on AMX tiles where the
+    process may use them, else with vdpbf16ps: both within the rounded-operand bound of :func:`_cosine_case`, and
+    its fp32 entry (fp32 arithmetic throughout) within the unrounded one."""
+    from mmplugin.utils.cpu import native_amx
+    isa_kernel('window_attention', 'AVX512_BF16', 'mmplugin_window_attention_bf16', wa._ARGS)  # skips where not built
+    lib = build.load_kernels('window_attention', 'AVX512_BF16')
+    try:
+        for dtype, suffix in ((torch.bfloat16, 'bf16'), (torch.float32, 'f32')):
+            q, k, v, pos, mask, logit, ref, bound = _cosine_case(dtype, dtype == torch.bfloat16)
+            bw, heads, n, d = q.shape
+            cosine = logit.reshape(heads).contiguous()
+            for amx in (False, True) if native_amx() and dtype == torch.bfloat16 else (False, ):
+                assert wa.set_amx(lib, amx) == amx
+                out = torch.empty(bw, n, heads * d, dtype=dtype)
+                assert getattr(lib, f'mmplugin_window_attention_{suffix}')(
+                    q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                    pos.data_ptr(), mask.data_ptr(), cosine.data_ptr(), 3, heads, n, d, 1.0, out.data_ptr(), None,
+                    None, 0, 2, 0, bw) == 0
+                assert rel_error(out.double(), ref) <= bound, (dtype, amx)
+    finally:
+        wa.set_amx(lib, native_amx())
 
 
 @pytest.mark.numeric
