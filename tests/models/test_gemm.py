@@ -1,7 +1,8 @@
 """fp32 CPU training linears on oneDNN (:mod:`mmplugin.models.layers.gemm`): the same function as ``F.linear``
 and its gradients, checked against float64 within the worst-case rounding bound of an fp32 inner product, on
 every kernel family; NaN where ``F.linear`` has it; higher derivatives; where the path applies and where not; the
-default kernel by CPU vendor. The oneDNN path is switched on for every test (on Intel CPUs it is off by default)."""
+default kernel by CPU vendor. The oneDNN path is switched on for every test (on Intel CPUs only thin linears' forward products take it by
+default)."""
 from __future__ import annotations
 
 import subprocess
@@ -85,6 +86,29 @@ def test_forward_and_input_gradient_run_on_onednn_weight_gradient_on_blas():
     assert fwd.names.count('mkldnn::_linear_pointwise') == 1 and 'aten::addmm' not in fwd.names
     assert bwd.names.count('mkldnn::_linear_pointwise') == 1  # dX = dY W
     assert bwd.names.count('aten::mm') == 1  # dW = dY^T X
+
+
+def test_blas_default_runs_thin_forward_products_on_onednn(monkeypatch):
+    """With BLAS as the default (Intel CPUs), a linear of at most ``THIN_K`` input features still takes its forward
+    product from oneDNN (no ``addmm`` pass writing the broadcast bias into the output first), its gradients from
+    BLAS, within the inner-product bound of float64; a wider one is ``F.linear`` throughout."""
+    monkeypatch.setattr(gemm, '_ENABLED', False)
+    monkeypatch.setattr(gemm, '_THIN_FORWARD', True)
+    x, w, b = _operands(shape=(2, 37, gemm.THIN_K))
+    with _Ops() as fwd:
+        y = train_linear(x, w, b)
+    g = torch.randn(y.shape, generator=torch.Generator().manual_seed(1))
+    with _Ops() as bwd:
+        y.backward(g)
+    assert fwd.names.count('mkldnn::_linear_pointwise') == 1 and 'aten::addmm' not in fwd.names
+    assert 'mkldnn::_linear_pointwise' not in bwd.names and bwd.names.count('aten::mm') == 2  # dY W, dY^T X
+    x2, g2 = x.detach().reshape(-1, gemm.THIN_K), g.reshape(-1, 24)
+    _within_inner_product_bound(x.grad.reshape(x2.shape), g2, w.detach(), g2.double() @ w.detach().double())
+    _within_inner_product_bound(w.grad, g2.t(), x2, g2.double().t() @ x2.double())
+    wide = _operands(shape=(2, 37, gemm.THIN_K + 1))
+    assert not _on_onednn(train_linear(*wide))
+    with onednn_training_gemms(False):  # off: BLAS for every product
+        assert not _on_onednn(train_linear(x, w, b))
 
 
 CASES = {
