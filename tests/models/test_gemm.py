@@ -1,8 +1,8 @@
 """fp32 CPU training linears on oneDNN (:mod:`mmplugin.models.layers.gemm`): the same function as ``F.linear``
 and its gradients, checked against float64 within the worst-case rounding bound of an fp32 inner product, on
 every kernel family; NaN where ``F.linear`` has it; higher derivatives; where the path applies and where not; the
-default kernel by CPU vendor. The oneDNN path is switched on for every test (on Intel CPUs only thin linears' forward products take it by
-default)."""
+default kernel by CPU vendor. The oneDNN path is switched on for every test (on Intel CPUs only thin linears'
+forward products take it by default)."""
 from __future__ import annotations
 
 import subprocess
