@@ -33,13 +33,21 @@
  * against 1.8 ms row by row, and 2.4 ms in PyTorch); each row's arithmetic and order are those of one row alone */
 #define RB 4
 
-int mmplugin_layer_norm_bf16(const uint16_t *x, const float *gamma, const float *beta, float eps, int64_t rows,
-                             int64_t c, uint16_t *y, float *mean, float *rstd, int threads) {
+/* element j of a row of bf16 bits (bf16 != 0) or fp32 as fp32, and a vector of them from j */
+#define LN_LOAD(p, j) (bf16 ? bf16_to_f32(((const uint16_t *)(p))[j]) : ((const float *)(p))[j])
+#define LN_LOADV(p, j) (bf16 ? load_bf16((const uint16_t *)(p) + (j)) : load_f32((const float *)(p) + (j)))
+
+/* The forward of rows of bf16 (bf16 != 0) or fp32 x into y of the same type, plus res (the same type and layout as
+ * y) where not NULL: y = res + LayerNorm(x), the sum in fp32 and rounded once. bf16 is a constant where inlined. */
+static inline __attribute__((always_inline)) int layer_norm_forward(const void *x, const float *gamma,
+                                                                    const float *beta, float eps, int64_t rows,
+                                                                    int64_t c, const void *res, void *y, float *mean,
+                                                                    float *rstd, int threads, const int bf16) {
     int failed = 0;
-    const int64_t cv = c / VW * VW, blocks = (rows + RB - 1) / RB;
+    const int64_t cv = c / VW * VW, blocks = (rows + RB - 1) / RB, size = bf16 ? 2 : 4;
 #pragma omp parallel num_threads(threads)
     {
-    float *xf = (float *)malloc((size_t)(RB * c) * sizeof(float)); /* RB rows widened */
+    float *xf = (float *)malloc((size_t)(RB * c) * sizeof(float)); /* RB rows in fp32 */
     if (xf == NULL) {
 #pragma omp atomic write
         failed = 1;
@@ -49,19 +57,20 @@ int mmplugin_layer_norm_bf16(const uint16_t *x, const float *gamma, const float 
         if (xf == NULL) continue;
         const int64_t r0 = blk * RB;
         const int nr = rows - r0 < RB ? (int)(rows - r0) : RB;
-        const uint16_t *xb = x + r0 * c;
+        const char *xb = (const char *)x + r0 * c * size, *rb = res == NULL ? NULL : (const char *)res + r0 * c * size;
+        char *yb = (char *)y + r0 * c * size;
         float m[RB], s[RB];
         vf acc[RB];
         for (int k = 0; k < RB; k++) acc[k] = splat(0.0f);
-        for (int64_t j = 0; j < cv; j += VW) /* the rows widened and summed, a vector of each in turn */
+        for (int64_t j = 0; j < cv; j += VW) /* the rows loaded and summed, a vector of each in turn */
             for (int k = 0; k < nr; k++) {
-                const vf v = load_bf16(xb + k * c + j);
+                const vf v = LN_LOADV(xb + k * c * size, j);
                 store_f32(xf + k * c + j, v);
                 acc[k] += v;
             }
         for (int k = 0; k < nr; k++) {
             float t = hsum(acc[k]);
-            for (int64_t j = cv; j < c; j++) t += (xf[k * c + j] = bf16_to_f32(xb[k * c + j]));
+            for (int64_t j = cv; j < c; j++) t += (xf[k * c + j] = LN_LOAD(xb + k * c * size, j));
             m[k] = t / (float)c;
             acc[k] = splat(0.0f);
         }
@@ -79,16 +88,48 @@ int mmplugin_layer_norm_bf16(const uint16_t *x, const float *gamma, const float 
         }
         for (int64_t j = 0; j < cv; j += VW) {
             const vf g = load_f32(gamma + j), b = load_f32(beta + j);
-            for (int k = 0; k < nr; k++)
-                store_bf16(y + (r0 + k) * c + j, (load_f32(xf + k * c + j) - splat(m[k])) * splat(s[k]) * g + b);
+            for (int k = 0; k < nr; k++) {
+                vf o = (load_f32(xf + k * c + j) - splat(m[k])) * splat(s[k]) * g + b;
+                if (rb != NULL) o = LN_LOADV(rb + k * c * size, j) + o;
+                if (bf16)
+                    store_bf16((uint16_t *)yb + k * c + j, o);
+                else
+                    store_f32((float *)yb + k * c + j, o);
+            }
         }
         for (int k = 0; k < nr; k++)
-            for (int64_t j = cv; j < c; j++)
-                y[(r0 + k) * c + j] = f32_to_bf16((xf[k * c + j] - m[k]) * s[k] * gamma[j] + beta[j]);
+            for (int64_t j = cv; j < c; j++) {
+                float o = (xf[k * c + j] - m[k]) * s[k] * gamma[j] + beta[j];
+                if (rb != NULL) o = LN_LOAD(rb + k * c * size, j) + o;
+                if (bf16)
+                    ((uint16_t *)yb)[k * c + j] = f32_to_bf16(o);
+                else
+                    ((float *)yb)[k * c + j] = o;
+            }
     }
     free(xf);
     }
     return failed;
+}
+
+int mmplugin_layer_norm_bf16(const uint16_t *x, const float *gamma, const float *beta, float eps, int64_t rows,
+                             int64_t c, uint16_t *y, float *mean, float *rstd, int threads) {
+    return layer_norm_forward(x, gamma, beta, eps, rows, c, NULL, y, mean, rstd, threads, 1);
+}
+
+/* y = res + LayerNorm(x) for inference (Swin V2's post-norm residual: one pass instead of a LayerNorm and an add),
+ * bf16 bits or fp32; res and y of x's type and layout (y may be res itself: each element is read before it is
+ * written, by the same thread). Swin V2-T's stage-1 map at 800x1216 (60,800 rows of 96), 2 threads of an Intel Xeon
+ * family 6 model 167, against the two ops: bf16 2.02 vs 3.12 ms, fp32 3.08 vs 4.23 ms; the whole prepacked Swin V2-T
+ * forward, interleaved, median of 21 / 15: bf16 234.3 vs 248.1 ms, fp32 729.6 vs 729.7 ms (level). */
+int mmplugin_layer_norm_add_bf16(const uint16_t *x, const float *gamma, const float *beta, float eps, int64_t rows,
+                                 int64_t c, const uint16_t *res, uint16_t *y, int threads) {
+    return layer_norm_forward(x, gamma, beta, eps, rows, c, res, y, NULL, NULL, threads, 1);
+}
+
+int mmplugin_layer_norm_add_f32(const float *x, const float *gamma, const float *beta, float eps, int64_t rows,
+                                int64_t c, const float *res, float *y, int threads) {
+    return layer_norm_forward(x, gamma, beta, eps, rows, c, res, y, NULL, NULL, threads, 0);
 }
 
 int mmplugin_layer_norm_grad_bf16(const uint16_t *dy, const uint16_t *x, const float *mean, const float *rstd,

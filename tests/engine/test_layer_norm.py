@@ -100,6 +100,75 @@ def test_every_isa_build_within_the_bounds(isa, rows, c):
     assert torch.equal(out[0][0], out[1][0])  # rows are independent: dx does not depend on the threads
 
 
+_ADD = [_P, _P, _P, ctypes.c_float, _I, _I, _P, _P, ctypes.c_int]
+
+
+@pytest.mark.parametrize('isa', ['AVX512_BF16', 'AVX512', 'AVX2', 'DEFAULT'])
+@pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize('rows, c', [(1, 96), (37, 100), (5, 7), (300, 384)])
+def test_layer_norm_add_within_the_bounds(isa, dtype, rows, c):
+    """``residual + LayerNorm(x)`` in one pass (Swin V2's post-norm residual at inference), fp32 and bf16 on every
+    ISA build: within the LayerNorm's bound of the float64 formula plus the sum's rounding to the output dtype
+    (``u`` of the result), every thread count the same bits; NaN in x makes its row NaN, NaN in the residual its
+    element, as the two ops give it."""
+    suffix = 'f32' if dtype == torch.float32 else 'bf16'
+    fn = isa_kernel('layer_norm', isa, f'mmplugin_layer_norm_add_{suffix}', _ADD)
+    x, w, b, dy = _inputs(rows, c, seed=2)
+    x, res = x.to(dtype), (dy.double() * 4).to(dtype)
+    ey, _, _, _, _, _, _, xh = _exact(x, w, b, dy)
+    want = res.double() + ey
+    u = U_FP32 if dtype == torch.float32 else U_BF16
+    k = (2 * c + 8) * U_FP32
+    tol = k * (xh.abs() + 1) * w.double().abs() + U_FP32 * b.double().abs() + u * want.abs()
+    outs = []
+    for threads in (1, 3):
+        y = torch.empty_like(x)
+        assert fn(x.data_ptr(), w.data_ptr(), b.data_ptr(), 1e-5, rows, c, res.data_ptr(), y.data_ptr(), threads) == 0
+        assert ((y.double() - want).abs() <= tol).all()
+        outs.append(y)
+    assert torch.equal(outs[0], outs[1])
+    x[0, c // 2], res[-1, c - 1] = float('nan'), float('nan')
+    y = torch.empty_like(x)
+    assert fn(x.data_ptr(), w.data_ptr(), b.data_ptr(), 1e-5, rows, c, res.data_ptr(), y.data_ptr(), 2) == 0
+    ref = res.float() + F.layer_norm(x.float(), (c, ), w, b, 1e-5)
+    assert torch.equal(y.isnan(), ref.isnan()) and y[0].isnan().all()
+
+
+def test_add_layer_norm_runs_the_kernel_at_inference_only(kernel, monkeypatch):
+    """Swin V2's ``residual + norm(x)``: one kernel pass at inference (fp32 or bf16, one dtype), within the two ops'
+    result by both their bounds from the float64 formula (the LayerNorm's, its rounding to the dtype where the two
+    ops round it, the sum's); with autograd, hooks, mixed dtypes or strided maps the two ops themselves, the same
+    bits as ``residual + layer_norm(norm, x)``."""
+    from mmplugin.models.layers.low_precision_norm import add_layer_norm
+    x, w, b, dy = _inputs(300, 48)
+    norm = nn.LayerNorm(48)
+    with torch.no_grad():
+        norm.weight.copy_(w), norm.bias.copy_(b)
+    calls, fused = [], lk.layer_norm_add
+    monkeypatch.setattr(lk, 'layer_norm_add', lambda *a: calls.append(a[0].dtype) or fused(*a))
+    for dtype in (torch.float32, torch.bfloat16):
+        xd, res = x.to(dtype), dy.to(dtype)
+        with torch.no_grad():
+            got, ref = add_layer_norm(res, norm, xd), res + layer_norm(norm, xd)
+        ey, _, _, _, _, _, _, xh = _exact(xd, w, b, dy)
+        exact, u, k = res.double() + ey, (U_FP32 if dtype == torch.float32 else U_BF16), (2 * 48 + 8) * U_FP32
+        ln_tol = k * (xh.abs() + 1) * w.double().abs() + U_FP32 * b.double().abs()
+        tol = 2 * ln_tol + u * (2 * exact.abs() + ey.abs())
+        assert got.dtype == dtype and ((got.double() - ref.double()).abs() <= tol).all()
+    assert calls == [torch.float32, torch.bfloat16]
+    xr = x.float().requires_grad_()
+    res = dy.float()
+    assert torch.equal(add_layer_norm(res, norm, xr), res + layer_norm(norm, xr))  # training: the two ops
+    with torch.no_grad():
+        assert torch.equal(add_layer_norm(res.bfloat16(), norm, x.float()), res.bfloat16() + norm(x.float()))
+        strided = x.float().t().contiguous().t()
+        assert torch.equal(add_layer_norm(res, norm, strided), res + norm(strided))
+        handle = norm.register_forward_hook(lambda *a: calls.append('hook'))
+        add_layer_norm(res, norm, x.float())
+        handle.remove()
+    assert calls == [torch.float32, torch.bfloat16, 'hook']
+
+
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 def test_weight_and_bias_gradients_over_many_rows(dtype):
     """Swin-T's stage-1 LayerNorm at 512x768, batch 2 (49,152 rows of 96 channels) under CPU autocast: the weight

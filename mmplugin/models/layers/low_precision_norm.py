@@ -33,7 +33,7 @@ from torch.autograd.function import once_differentiable
 from mmplugin.ops import layer_norm as kernel
 from mmplugin.ops.eligible import eager_context
 
-__all__ = ['layer_norm']
+__all__ = ['layer_norm', 'add_layer_norm']
 
 _LOW = (torch.bfloat16, torch.float16)
 
@@ -71,6 +71,21 @@ def layer_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return _KernelLayerNorm.apply(x, norm.weight, norm.bias, norm.eps)
     with torch.autocast('cpu', enabled=False):
         return F.layer_norm(x.float(), norm.normalized_shape, norm.weight, norm.bias, norm.eps).to(x.dtype)
+
+
+def add_layer_norm(residual: torch.Tensor, norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``residual + norm(x)`` (Swin V2's post-norm residual), at CPU inference in one pass of the LayerNorm kernel
+    where it applies (:func:`mmplugin.ops.layer_norm.layer_norm_add`: an ``nn.LayerNorm`` over the last dimension
+    with fp32 parameters and no hooks, ``x`` and ``residual`` fp32 or bf16 of one dtype and shape, no autograd);
+    elsewhere ``residual + layer_norm(norm, x)``."""
+    if (type(norm) is nn.LayerNorm and not _hooked(norm) and norm.elementwise_affine and norm.weight is not None
+            and norm.bias is not None and norm.normalized_shape == tuple(x.shape[-1:])
+            and not torch._C._are_functorch_transforms_active()
+            and not (torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad
+                                                  or norm.weight.requires_grad or norm.bias.requires_grad))
+            and kernel.add_applies(x, norm.weight, norm.bias, residual)):
+        return kernel.layer_norm_add(x, norm.weight, norm.bias, norm.eps, residual)
+    return residual + layer_norm(norm, x)
 
 
 def _hooked(module: nn.Module) -> bool:

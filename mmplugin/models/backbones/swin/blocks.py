@@ -13,7 +13,7 @@ from mmplugin.models.backbones.swin.windows import WindowGeometry, must_pad, pad
 from mmplugin.models.layers.drop import DropPath
 from mmplugin.models.layers.fusion import linear, linear_act, linear_add
 from mmplugin.models.layers.gemm import train_linear
-from mmplugin.models.layers.low_precision_norm import layer_norm
+from mmplugin.models.layers.low_precision_norm import add_layer_norm, layer_norm
 from mmplugin.models.layers.recompute import gelu_linear, layer_norm_linear, recompute_applies
 
 __all__ = ['Mlp', 'SwinBlock', 'PatchMerging', 'SwinStage']
@@ -84,6 +84,9 @@ class SwinBlock(nn.Module):
 
     def forward(self, x: torch.Tensor, geom: WindowGeometry) -> torch.Tensor:
         if self.v2:
+            if not (self.drop_path.training and self.drop_path.p > 0):  # the add may run in the LayerNorm's pass
+                x = add_layer_norm(x, self.norm1, self.attn(x, geom))
+                return add_layer_norm(x, self.norm2, self.mlp(x))
             x = x + self.drop_path(layer_norm(self.norm1, self.attn(x, geom)))
             return x + self.drop_path(layer_norm(self.norm2, self.mlp(x)))
         if self.training and self.drop_path.p > 0:
