@@ -190,9 +190,10 @@ def training_rows(family: str, arch: str, size=(512, 768), rounds: int = 3, bf16
     in a fresh process (:func:`mmplugin.analysis.memory.peak_memory`, plugin and first peer, with and without
     activation checkpointing).
 
-    Where oneDNN is available, the same fp32 step with the plugin's training linears on the kernel this CPU does not
-    use by default (:mod:`mmplugin.models.layers.gemm`: oneDNN, or on Intel CPUs torch's BLAS) runs in the same
-    rounds too (row :data:`BLAS_ROW` or :data:`ONEDNN_ROW`): what the kernel choice is worth on this CPU.
+    Where oneDNN is available, the same fp32 step with the plugin's training linears on the other kernel
+    (:mod:`mmplugin.models.layers.gemm`: where oneDNN serves them by default, all on torch's BLAS; on Intel CPUs,
+    where BLAS does but for thin linears' forward products, all on oneDNN) runs in the same rounds too (row
+    :data:`BLAS_ROW` or :data:`ONEDNN_ROW`): what the kernel choice is worth on this CPU.
 
     With ``compiled``, the plugin's step with the model under ``torch.compile`` (inductor, forward and backward
     graphs; a copy of the model with its own optimizer, compiled by one untimed step per precision before the

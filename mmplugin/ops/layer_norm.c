@@ -1,5 +1,6 @@
 /* LayerNorm over the last dimension of a bf16 map with fp32 affine parameters (PyTorch's mixed-type LayerNorm, what
- * a bf16 map meets under CPU autocast), forward and backward, computed in fp32 and rounded once to bf16:
+ * a bf16 map meets under CPU autocast), forward and backward, computed in fp32 and rounded once to bf16; and, for
+ * inference, res + LayerNorm(x) of bf16 or fp32 maps in one pass (mmplugin_layer_norm_add_*, below):
  *   forward:  mean = sum(x) / C,  rstd = 1 / sqrt(sum((x - mean)^2) / C + eps),  y = (x - mean) rstd gamma + beta
  *   backward: xhat = (x - mean) rstd,  gy = dy gamma,
  *             dx = rstd (gy - sum(gy) / C - xhat sum(gy xhat) / C),  dgamma = sum over rows of dy xhat,
@@ -11,8 +12,9 @@
  * Each row here is widened into the thread's buffer once and normalised from there (the two-pass variance, the
  * biased estimate, as PyTorch's).
  *
- * Layouts: x, y, dy, dx (rows, C) bf16 bits, contiguous; mean, rstd (rows) fp32 (the forward may take NULL for either:
- * inference keeps no statistics); gamma, beta, dgamma, dbeta (C) fp32.
+ * Layouts: x, y, dy, dx (rows, C) bf16 bits, contiguous (the add entries: x, res and y bf16 bits or fp32, one type);
+ * mean, rstd (rows) fp32 (the forward may take NULL for either: inference keeps no statistics); gamma, beta, dgamma,
+ * dbeta (C) fp32.
  * dgamma and dbeta are set (not added to): the threads' partial sums are added in thread order, so a call gives the
  * same bits every time with the same team of threads (OpenMP grants the team asked for unless dynamic teams or nested
  * regions are on).
@@ -118,10 +120,10 @@ int mmplugin_layer_norm_bf16(const uint16_t *x, const float *gamma, const float 
 }
 
 /* y = res + LayerNorm(x) for inference (Swin V2's post-norm residual: one pass instead of a LayerNorm and an add),
- * bf16 bits or fp32; res and y of x's type and layout (y may be res itself: each element is read before it is
- * written, by the same thread). Swin V2-T's stage-1 map at 800x1216 (60,800 rows of 96), 2 threads of an Intel Xeon
- * family 6 model 167, against the two ops: bf16 2.02 vs 3.12 ms, fp32 3.08 vs 4.23 ms; the whole prepacked Swin V2-T
- * forward, interleaved, median of 21 / 15: bf16 234.3 vs 248.1 ms, fp32 729.6 vs 729.7 ms (level). */
+ * bf16 bits or fp32; res and y of x's type and layout, y not overlapping x or res. Swin V2-T's stage-1 map at
+ * 800x1216 (60,800 rows of 96), 2 threads of an Intel Xeon family 6 model 167, against the two ops: bf16 2.02 vs
+ * 3.12 ms, fp32 3.08 vs 4.23 ms; the whole prepacked Swin V2-T forward, interleaved, median of 21 / 15: bf16 234.3
+ * vs 248.1 ms, fp32 729.6 vs 729.7 ms (level). */
 int mmplugin_layer_norm_add_bf16(const uint16_t *x, const float *gamma, const float *beta, float eps, int64_t rows,
                                  int64_t c, const uint16_t *res, uint16_t *y, int threads) {
     return layer_norm_forward(x, gamma, beta, eps, rows, c, res, y, NULL, NULL, threads, 1);

@@ -34,7 +34,7 @@ _ADD_SUFFIX = {torch.float32: 'f32', torch.bfloat16: 'bf16'}
 def _kernels() -> ctypes.CDLL | None:
     return kernel_library('layer_norm', {'mmplugin_layer_norm_bf16': _FWD, 'mmplugin_layer_norm_grad_bf16': _BWD,
                                          'mmplugin_layer_norm_add_bf16': _ADD, 'mmplugin_layer_norm_add_f32': _ADD},
-                          'bf16 LayerNorm runs in PyTorch')
+                          'LayerNorm (bf16, and the fused residual add) runs in PyTorch')
 
 
 def available() -> bool:

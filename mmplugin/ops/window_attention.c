@@ -28,11 +28,11 @@
  * bf16 matmul of the probabilities rounds them). The scale multiplies the summed products there, not q: a score
  * whose unscaled q k^T exceeds fp32's range (entries of q and k about 1e19) is inf or NaN where the fp32 path,
  * scaling q first, stays finite up to 1 / scale (about 5.7 for d = 32) times further. Swin V2's cosine attention
- * normalises q and k in fp32 (q times its head's logit scale and the scale) and rounds them to bf16 for the same
- * products, as a bf16 matmul of F.normalize's fp32 output rounds them (autocast's formulation; each operand within
- * 2^-8 relative, so a score moves by at most 2^-7 times the logit scale). Swin V2-T's twelve bf16 calls at 800x1216
- * (64-token windows), 2 threads of an Intel Xeon family 6 model 167, AMX: 74.7 against 55.9 ms with the fp32
- * arithmetic it kept before.
+ * normalises q and k in fp32 and rounds F.normalize(q) times its head's logit scale (and the scale) and F.normalize(k)
+ * to bf16, once each, for the same products, as autocast's bf16 product of the normalised operands rounds them (each
+ * within 2^-8 relative, so a score moves by about 2^-7 times the logit scale at most). Swin V2-T's twelve bf16 calls
+ * at 800x1216 (64-token windows), 2 threads of an Intel Xeon family 6 model 167, AMX: 55.9 ms, against 74.7 ms in the
+ * fp32 arithmetic.
  *
  * Non-finite values: NaN in a query, key or score makes that query row NaN (its sum is NaN), a NaN or infinite value
  * reaches every query row of its window through the products, +inf scores give NaN rows (inf - inf) and -inf scores

@@ -92,7 +92,7 @@ def window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     """``softmax(scale * q k^T + pos + mask) v`` with the heads merged, or None where the kernel does not apply.
     With ``cosine`` (Swin V2), ``q`` and ``k`` are normalised first and ``q`` scaled per head:
     ``q <- F.normalize(q) * cosine``, ``k <- F.normalize(k)``; bf16 on CPUs with bf16 dot products (AVX512-BF16,
-    AMX) rounds the normalised q and k to bf16 for the products, as a bf16 matmul of ``F.normalize``'s output would.
+    AMX) rounds these q and k to bf16 once each for its bf16 products, as autocast's bf16 product of them would.
 
     Args:
         q, k, v: ``(B*nW, heads, N, d)``, windows image-major (window ``w`` of the batch is window ``w % nW`` of its

@@ -8,6 +8,9 @@
  *   dqn = s_h dS kn,  dkn = s_h dS^T qn,  dc_h += scale * sum(dS * qn kn^T) (into dcos, summed as dpos),
  * and through the normalisation, x = q or k with n = |x|_2: dx = (dxn - xn (xn . dxn)) / n where n >= 1e-12, else
  * dxn / 1e-12 (F.normalize's clamp passes no gradient to the norm below its minimum).
+ * bf16: the operands are widened and nothing is rounded before the gradient's store, also where the forward's bf16
+ * products rounded the probabilities (and V2's normalised q and k) to bf16: the gradient of the attention without
+ * those roundings (recompute.map_attention_dtype says why).
  * Included by window_attention.c (its vector helpers and block sizes).
  *
  * Why: the batched products of the reference backward write and read the (windows, heads, N, N) probabilities and

@@ -106,8 +106,8 @@ def test_speed_table_training_rows(capsys):
     """--train: one timed training step per implementation of the same function (mmdet's Swin first) and the
     plugin's GEMM-only step, then peak memory of a step in fresh processes, the plugin's with and without activation
     checkpointing, as ratios to the first. Where oneDNN serves the plugin's fp32 training linears, the same step with
-    them on BLAS is timed beside it, and on Intel CPUs, where BLAS serves them, the same step on oneDNN (what the kernel
-    choice is worth)."""
+    them on BLAS is timed beside it, and on Intel CPUs, where BLAS serves them (but thin linears' forward products), the
+    same step all on oneDNN (what the kernel choice is worth)."""
     from mmplugin.analysis.speed import BLAS_ROW, ONEDNN_ROW
     from mmplugin.cli import speed_table
     from mmplugin.models.layers import gemm

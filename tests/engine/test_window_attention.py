@@ -96,14 +96,16 @@ def _cosine_case(dtype, rounded):
 
     ``rounded``: the bf16 dot-product build's operands, F.normalize(q) * logit and F.normalize(k) computed in fp32 and
     rounded to bf16 (as a bf16 matmul of F.normalize's fp32 output rounds them); the reference rounds them the same
-    way. q and k hold integers in [-8, 8], so their sums of squares are exact in any order and the fp32 quotients are
-    the kernel's to the bit: a quotient near a midpoint between two bf16 values cannot round the other way."""
+    way. There q and k hold integers in [-8, 8], so their sums of squares are exact in any order and the fp32
+    quotients are the kernel's to the bit: a quotient near a midpoint between two bf16 values cannot round the other
+    way. Otherwise they are random, so that a rounding of the operands where none belongs shows."""
     import torch.nn.functional as F
     bw, heads, n, d = 6, 3, 64, 32
     q, k, v = (t.clone() for t in qkv_views(bw, heads, n, d, seed=9, dtype=dtype))
-    g = torch.Generator().manual_seed(10)
-    q.copy_(torch.randint(-8, 9, q.shape, generator=g))
-    k.copy_(torch.randint(-8, 9, k.shape, generator=g))
+    if rounded:
+        g = torch.Generator().manual_seed(10)
+        q.copy_(torch.randint(-8, 9, q.shape, generator=g))
+        k.copy_(torch.randint(-8, 9, k.shape, generator=g))
     q[0, :, 5] = 0
     k[1, :, 6] = 0
     logit = torch.tensor([3.0, 10.0, 100.0]).view(heads, 1, 1)

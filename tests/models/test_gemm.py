@@ -102,7 +102,10 @@ def test_blas_default_runs_thin_forward_products_on_onednn(monkeypatch):
         y.backward(g)
     assert fwd.names.count('mkldnn::_linear_pointwise') == 1 and 'aten::addmm' not in fwd.names
     assert 'mkldnn::_linear_pointwise' not in bwd.names and bwd.names.count('aten::mm') == 2  # dY W, dY^T X
-    x2, g2 = x.detach().reshape(-1, gemm.THIN_K), g.reshape(-1, 24)
+    x2, g2, wd = x.detach().reshape(-1, gemm.THIN_K), g.reshape(-1, 24), w.detach()
+    ones = torch.ones(x2.shape[0], 1)  # the bias is one more term of each inner product
+    _within_inner_product_bound(y.detach().reshape(-1, 24), torch.cat((x2, ones), 1),
+                                torch.cat((wd.t(), b.detach()[None]), 0), x2.double() @ wd.double().t() + b.double())
     _within_inner_product_bound(x.grad.reshape(x2.shape), g2, w.detach(), g2.double() @ w.detach().double())
     _within_inner_product_bound(w.grad, g2.t(), x2, g2.double().t() @ x2.double())
     wide = _operands(shape=(2, 37, gemm.THIN_K + 1))
@@ -183,6 +186,14 @@ def test_under_torch_func_transforms_it_is_f_linear():
     got = torch.func.grad(lambda t: train_linear(t, w, b).pow(2).sum())(x)
     want = torch.func.grad(lambda t: F.linear(t, w, b).pow(2).sum())(x)
     assert torch.equal(got, want)
+
+
+def test_mkldnn_switched_off_is_f_linear():
+    """``torch.backends.mkldnn.flags(enabled=False)`` keeps every training linear on ``F.linear``."""
+    x, w, b = _operands()
+    with torch.backends.mkldnn.flags(enabled=False):
+        assert not _on_onednn(train_linear(x, w, b))
+    assert _on_onednn(train_linear(x, w, b))
 
 
 def test_switch_restores_f_linear():

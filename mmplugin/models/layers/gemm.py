@@ -23,7 +23,9 @@ then adds the product to it, one more pass over the output against ``2 M N K`` m
 shapes at 512x768, batch 2, BLAS vs oneDNN forward in ms: ``49152 x 96 -> 288`` 17.0 vs 10.7, ``-> 384`` 22.9 vs
 14.2, ``-> 96`` 4.6 vs 3.9, ``24576 x 128 -> 512`` 15.5 vs 12.6; at 192 input features level (``12288 x 192 -> 576``
 9.9 vs 10.1), at 384 and more BLAS 2-8% faster. Whole training steps (forward + backward + AdamW, interleaved,
-median of 7): Swin-T 2087 vs 2051 ms, Swin V2-T 2165 vs 2116 ms (5 rounds), SwiftFormer-L1 1063 vs 1046 ms.
+median of 7): Swin-T 2087 vs 2051 ms, Swin V2-T 2165 vs 2116 ms (5 rounds), SwiftFormer-L1 1063 vs 1046 ms. As
+everywhere oneDNN serves a training linear, no module is called there, so forward hooks on those ``nn.Linear``
+modules do not fire in eager fp32 CPU training (:func:`mmplugin.models.layers.fusion.linear`).
 
 Swin's fc2 keeps its input gradient on BLAS (:mod:`.recompute`: an ``out=`` buffer).
 
@@ -40,8 +42,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-__all__ = ['onednn_ops_available', 'onednn_by_default', 'onednn_training_gemms', 'onednn_fp32', 'onednn_forward',
-           'product',
+__all__ = ['THIN_K', 'onednn_ops_available', 'onednn_by_default', 'onednn_training_gemms', 'onednn_fp32',
+           'onednn_forward', 'product',
            'input_grad', 'trains_on_onednn', 'train_linear']
 
 
@@ -54,16 +56,17 @@ def onednn_ops_available(*names: str) -> bool:
 
 
 def onednn_by_default(vendor: str | None = None) -> bool:
-    """Whether oneDNN serves the fp32 training linears by default on a CPU of ``vendor`` (``vendor_id``, default
-    this machine's): everywhere but on Intel CPUs, where MKL's are level with it and need no weight copies (module
-    docstring)."""
+    """Whether oneDNN serves the fp32 training linears' forward products and input gradients by default on a CPU of
+    ``vendor`` (``vendor_id``, default this machine's): everywhere but on Intel CPUs, where MKL's are level with it
+    and need no weight copies, and where only thin linears' forward products take oneDNN (module docstring)."""
     from mmplugin.utils.cpu import cpu_vendor
     return (cpu_vendor() if vendor is None else vendor) != 'GenuineIntel'
 
 
 _AVAILABLE = onednn_ops_available('_linear_pointwise')
 _ENABLED = onednn_by_default()  # oneDNN for the forward products and the input gradients
-_THIN_FORWARD = True  # where not: oneDNN for the forward products of linears with at most THIN_K input features
+_THIN_FORWARD = True  # with _ENABLED off (Intel's default): oneDNN for the forward products of linears of at most
+# THIN_K input features
 THIN_K = 128
 
 
@@ -81,9 +84,10 @@ def onednn_training_gemms(enabled: bool):
 
 def _eager_fp32(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """``x`` against ``weight`` is an eager fp32 CPU product (no autocast, tracing, compiling, export or
-    ``torch.func`` transform) and this build has oneDNN's linear."""
-    return (_AVAILABLE and x.device.type == 'cpu' and weight.device.type == 'cpu'
-            and x.dtype == torch.float32 and weight.dtype == torch.float32 and not torch.is_autocast_enabled('cpu')
+    ``torch.func`` transform), this build has oneDNN's linear and ``torch.backends.mkldnn`` is not switched off."""
+    return (_AVAILABLE and torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()
+            and x.device.type == 'cpu' and weight.device.type == 'cpu' and x.dtype == torch.float32
+            and weight.dtype == torch.float32 and not torch.is_autocast_enabled('cpu')
             and not torch._C._are_functorch_transforms_active()
             and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
             and not torch.compiler.is_exporting() and not torch.onnx.is_in_onnx_export())

@@ -1,5 +1,6 @@
 """LayerNorm of a bf16 or fp16 map with fp32 parameters in CPU training, with its weight and bias gradients summed in
-fp32; of a bf16 map at inference, faster.
+fp32; of a bf16 map at inference, faster; and Swin V2's post-norm ``residual + norm(x)`` at inference in one pass
+(fp32 or bf16, :func:`add_layer_norm`).
 
 Why: under CPU autocast a LayerNorm keeps its input's dtype, so a reduced-precision map (Swin's residual stream under
 bf16 autocast) meets PyTorch's mixed-type LayerNorm, whose CPU backward sums the weight and bias gradients over the
@@ -19,9 +20,9 @@ Here, in eager CPU autograd (training):
 At inference (no autograd), a bf16 map runs the same kernel's forward: PyTorch's formula computed in fp32 and rounded
 once, as its mixed-type LayerNorm does, up to the fp32 summation order, and faster (that stage-1 map at 800x1216,
 batch 1: 1.1 against 2.4 ms); fp16 keeps ``norm(x)`` there. fp32, other devices, tracing, export, compiling and
-``torch.func`` transforms keep ``norm(x)``; so do modules with forward or backward hooks, which only a module call
-runs. The fp16 path keeps the fp32 normalised map
-for its backward (twice the bytes of the fp16 one).
+``torch.func`` transforms keep ``norm(x)`` (fp32 at inference takes the kernel only for :func:`add_layer_norm`'s
+fused residual); so do modules with forward or backward hooks, which only a module call runs. The fp16 path keeps the
+fp32 normalised map for its backward (twice the bytes of the fp16 one).
 """
 from __future__ import annotations
 
