@@ -69,13 +69,9 @@ def map_attention_dtype(x: torch.Tensor, *params: torch.Tensor | None) -> torch.
     """The dtype in which :func:`map_window_softmax_attention` would serve an attention on the map ``x`` with the
     q, k, v projection's ``params``: fp32 in eager fp32 CPU training (as :func:`recompute_applies`), bf16 under CPU
     bf16 autocast (the projection's output then is bf16, whether ``x`` is fp32 or bf16; the kernels compute in fp32,
-    the forward rounding the output once, and on AVX512-BF16 CPUs the operands of its bf16 products as autocast's bf16
-    products round them: the probabilities for their product with v, and Swin V2's normalised q times its logit scale
-    and normalised k; the backward recomputes the probabilities in fp32 from the values before those roundings and
-    rounds the gradient once, so it is the gradient of the attention without them, which is nearer the fp32 model's:
-    in the whole Swin V2 bf16 training case of tests/engine/test_cosine_attention_grad.py the worst position-bias MLP
-    weight gradient is within 0.040 of float64, against 0.061 with the rounded q and k recomputed); None
-    elsewhere."""
+    the forward rounding its output, and on AVX512-BF16 CPUs its products' operands as autocast's do (probabilities,
+    V2's normalised q, k); the backward recomputes in fp32 without those roundings, nearer the fp32 gradient (Swin V2
+    case of test_cosine_attention_grad.py: 0.040 from float64 at worst, 0.061 rounding as the forward)); or None."""
     if not _eager_cpu_training(x, params):
         return None
     if not torch.is_autocast_enabled('cpu'):
