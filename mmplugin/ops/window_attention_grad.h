@@ -217,14 +217,10 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
                             const int64_t t = token_row(rows, w, j0 + r, nw, n, img_rows);
                             if (stage != NULL)
                                 memcpy(stage + (j0 + r) * dp + c0, tmp, (size_t)width * sizeof(float));
-                            else if (t >= 0) {
-#ifdef IS_BF16
+                            else if (t >= 0) { /* a vector at a time, for either type */
                                 int64_t e = 0;
                                 for (; e + VW <= width; e += VW) STOREV(dst + t * row + c0 + e, load_f32(tmp + e));
                                 for (; e < width; e++) STORE(dst + t * row + c0, e, tmp[e]);
-#else
-                                memcpy(dst + t * row + c0, tmp, (size_t)width * sizeof(float));
-#endif
                             }
                             else /* a padding token: its gradient adds to pad's */
                                 for (int64_t e = 0; e < width; e++) accpad[(dst - dqkv) + c0 + e] += tmp[e];
