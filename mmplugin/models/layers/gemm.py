@@ -85,12 +85,13 @@ def onednn_training_gemms(enabled: bool):
 def _eager_fp32(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """``x`` against ``weight`` is an eager fp32 CPU product (no autocast, tracing, compiling, export or
     ``torch.func`` transform), this build has oneDNN's linear and ``torch.backends.mkldnn`` is not switched off."""
-    return (_AVAILABLE and torch.backends.mkldnn.is_available() and torch._C._get_mkldnn_enabled()
-            and x.device.type == 'cpu' and weight.device.type == 'cpu' and x.dtype == torch.float32
+    # tracing and compiling first: a compiled region never reaches the switch's query, which Dynamo cannot trace
+    # (its graph break would run the rest of this test eagerly, and trace oneDNN's op into the compiled graph)
+    return (not torch.jit.is_tracing() and not torch.compiler.is_compiling() and not torch.compiler.is_exporting()
+            and not torch.onnx.is_in_onnx_export() and not torch._C._are_functorch_transforms_active()
+            and _AVAILABLE and x.device.type == 'cpu' and weight.device.type == 'cpu' and x.dtype == torch.float32
             and weight.dtype == torch.float32 and not torch.is_autocast_enabled('cpu')
-            and not torch._C._are_functorch_transforms_active()
-            and not torch.jit.is_tracing() and not torch.compiler.is_compiling()
-            and not torch.compiler.is_exporting() and not torch.onnx.is_in_onnx_export())
+            and torch._C._get_mkldnn_enabled())
 
 
 def onednn_fp32(x: torch.Tensor, weight: torch.Tensor) -> bool:
