@@ -68,10 +68,8 @@ def _eager_cpu_training(x: torch.Tensor, params) -> bool:
 def map_attention_dtype(x: torch.Tensor, *params: torch.Tensor | None) -> torch.dtype | None:
     """The dtype in which :func:`map_window_softmax_attention` would serve an attention on the map ``x`` with the
     q, k, v projection's ``params``: fp32 in eager fp32 CPU training (as :func:`recompute_applies`), bf16 under CPU
-    bf16 autocast (the projection's output then is bf16, whether ``x`` is fp32 or bf16; the kernels compute in fp32,
-    the forward rounding its output, and on AVX512-BF16 CPUs its products' operands as autocast's do (probabilities,
-    V2's normalised q, k); the backward recomputes in fp32 without those roundings, nearer the fp32 gradient (Swin V2
-    case of test_cosine_attention_grad.py: a position-bias MLP gradient 0.040 from float64, 0.061 rounded)); or None."""
+    bf16 autocast (the projection's output then is bf16; the kernels compute in fp32, rounding the output once, on
+    AVX512-BF16 CPUs V1's probabilities for their product with v too, V2's fp32 throughout); or None."""
     if not _eager_cpu_training(x, params):
         return None
     if not torch.is_autocast_enabled('cpu'):
@@ -272,7 +270,9 @@ class _KernelMapAttention(torch.autograd.Function):
     def forward(ctx, qkv, pad, pos, rows, mask, heads, scale, cosine):
         ctx.save_for_backward(qkv, pad, pos, rows, mask, cosine)
         ctx.heads, ctx.scale = heads, scale
-        return map_window_attention(qkv, pad.to(qkv.dtype), rows, heads, pos, mask, scale, cosine)
+        up = torch.float32 if cosine is not None else qkv.dtype  # V2: the fp32 arithmetic its gradient differentiates
+        return map_window_attention(qkv.to(up), pad.to(qkv.dtype).to(up), rows, heads, pos, mask, scale,
+                                    cosine).to(qkv.dtype)
 
     @staticmethod
     @once_differentiable
