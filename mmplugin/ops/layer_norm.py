@@ -42,14 +42,20 @@ def available() -> bool:
     return _kernels() is not None
 
 
-def applies(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
-    """Whether :func:`layer_norm_bf16` serves ``x`` with these affine parameters: eager, a plain contiguous non-empty
-    bf16 CPU ``x``, fp32 contiguous ``weight`` and ``bias`` of its last dimension's size, and a built kernel."""
-    return (eager_context() and plain_cpu(x) and x.dtype == torch.bfloat16 and x.device.type == 'cpu'
+def _serves(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
+    """The conditions every entry shares: eager, a plain contiguous non-empty CPU ``x``, fp32 contiguous ``weight``
+    and ``bias`` of its last dimension's size, and a built kernel."""
+    return (eager_context() and plain_cpu(x) and x.device.type == 'cpu'
             and x.dim() >= 1 and x.numel() > 0 and x.is_contiguous()
             and all(t is not None and plain_cpu(t) and t.device.type == 'cpu' and t.dtype == torch.float32
                     and t.shape == x.shape[-1:] and t.is_contiguous() for t in (weight, bias))
             and available())
+
+
+def applies(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None) -> bool:
+    """Whether :func:`layer_norm_bf16` serves ``x`` with these affine parameters: eager, a plain contiguous non-empty
+    bf16 CPU ``x``, fp32 contiguous ``weight`` and ``bias`` of its last dimension's size, and a built kernel."""
+    return x.dtype == torch.bfloat16 and _serves(x, weight, bias)
 
 
 def layer_norm_bf16(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
@@ -74,13 +80,9 @@ def add_applies(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor
     """Whether :func:`layer_norm_add` serves ``residual + LayerNorm(x)``: eager, plain contiguous non-empty fp32 or
     bf16 CPU ``x`` and ``residual`` of one shape and dtype, fp32 contiguous ``weight`` and ``bias`` of the last
     dimension's size, and a built kernel."""
-    return (eager_context() and plain_cpu(x) and plain_cpu(residual) and x.device.type == 'cpu'
-            and residual.device.type == 'cpu' and x.dtype in _ADD_SUFFIX and residual.dtype == x.dtype
-            and residual.shape == x.shape and x.dim() >= 1 and x.numel() > 0 and x.is_contiguous()
-            and residual.is_contiguous()
-            and all(t is not None and plain_cpu(t) and t.device.type == 'cpu' and t.dtype == torch.float32
-                    and t.shape == x.shape[-1:] and t.is_contiguous() for t in (weight, bias))
-            and available())
+    return (x.dtype in _ADD_SUFFIX and residual.dtype == x.dtype and residual.shape == x.shape
+            and plain_cpu(residual) and residual.device.type == 'cpu' and residual.is_contiguous()
+            and _serves(x, weight, bias))
 
 
 def layer_norm_add(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,

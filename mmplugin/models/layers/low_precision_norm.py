@@ -57,13 +57,19 @@ class _KernelLayerNorm(torch.autograd.Function):
         return dx if need[0] else None, dw if need[1] else None, db if need[2] else None, None
 
 
+def _plain_norm(norm: nn.Module, x: torch.Tensor) -> bool:
+    """Whether ``norm`` is a hook-free affine ``nn.LayerNorm`` over ``x``'s last dimension, outside ``torch.func``
+    transforms: the module the kernels can stand in for (the parameters' dtypes are checked where they matter)."""
+    return (type(norm) is nn.LayerNorm and not _hooked(norm) and norm.elementwise_affine and norm.weight is not None
+            and norm.bias is not None and norm.normalized_shape == tuple(x.shape[-1:])
+            and not torch._C._are_functorch_transforms_active())
+
+
 def layer_norm(norm: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``norm(x)``, with fp32 weight and bias gradients where ``norm`` is an ``nn.LayerNorm`` over the last dimension
     of a bf16 / fp16 CPU map in eager training, and by the bf16 kernel at inference (module docstring)."""
-    if (type(norm) is not nn.LayerNorm or x.dtype not in _LOW or x.device.type != 'cpu' or _hooked(norm)
-            or not norm.elementwise_affine or norm.weight is None or norm.bias is None
-            or norm.weight.dtype != torch.float32 or norm.normalized_shape != tuple(x.shape[-1:])
-            or not eager_context() or torch._C._are_functorch_transforms_active()):
+    if (x.dtype not in _LOW or x.device.type != 'cpu' or not eager_context() or not _plain_norm(norm, x)
+            or norm.weight.dtype != torch.float32):
         return norm(x)
     kernel_serves = x.dtype == torch.bfloat16 and x.is_contiguous() and kernel.applies(x, norm.weight, norm.bias)
     if not (torch.is_grad_enabled() and (x.requires_grad or norm.weight.requires_grad or norm.bias.requires_grad)):
@@ -79,9 +85,7 @@ def add_layer_norm(residual: torch.Tensor, norm: nn.Module, x: torch.Tensor) -> 
     where it applies (:func:`mmplugin.ops.layer_norm.layer_norm_add`: an ``nn.LayerNorm`` over the last dimension
     with fp32 parameters and no hooks, ``x`` and ``residual`` fp32 or bf16 of one dtype and shape, no autograd);
     elsewhere ``residual + layer_norm(norm, x)``."""
-    if (type(norm) is nn.LayerNorm and not _hooked(norm) and norm.elementwise_affine and norm.weight is not None
-            and norm.bias is not None and norm.normalized_shape == tuple(x.shape[-1:])
-            and not torch._C._are_functorch_transforms_active()
+    if (eager_context() and _plain_norm(norm, x)
             and not (torch.is_grad_enabled() and (x.requires_grad or residual.requires_grad
                                                   or norm.weight.requires_grad or norm.bias.requires_grad))
             and kernel.add_applies(x, norm.weight, norm.bias, residual)):
