@@ -15,6 +15,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#if defined(__AVX512BF16__)
+#include <immintrin.h>
+#endif
 
 #ifndef MMP_VW
 #define MMP_VW 4
@@ -135,12 +138,36 @@ static inline vf load_bf16(const uint16_t *p) {
     return vbits((vi)(__builtin_convertvector(b, vu) << 16));
 }
 
-static inline void store_bf16(uint16_t *p, vf x) { /* nearest even; NaN stays a quiet NaN */
+static inline void store_bf16_rounded(uint16_t *p, vf x) { /* nearest even; NaN stays a quiet NaN */
     const vu bits = (vu)ibits(x);
     const vu nan = (vu)((bits & 0x7fffffffu) > 0x7f800000u);
     const vu rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
     const vh b = __builtin_convertvector((nan & ((bits >> 16) | 0x40u)) | (~nan & rounded), vh);
     memcpy(p, &b, sizeof(vh));
 }
+
+#if defined(__AVX512BF16__) && VW == 16
+/* The same bits from one vcvtneps2bf16 (nearest even, NaN made quiet as above), which treats subnormal fp32 inputs as
+ * zero: a vector holding one (exponent bits 0, mantissa not) takes the integer rounding instead. Why: the integer
+ * rounding is about ten vector operations per store, and the bf16 kernels round every output and the attention's
+ * probabilities that way. 2 threads of an AMD EPYC family 25 model 17 (Zen 4), against the integer rounding: Swin-T's
+ * stage-1 LayerNorm at 800x1216 (60,800 rows of 96) alone 0.85 against 1.70 ms; in the prepacked bf16 forwards at
+ * 800x1216 (interleaved in one process, per forward, means of 15 / 11 rounds) Swin-T's twelve window-attention calls
+ * 61.8 against 70.7 ms and its LayerNorms 21.3 against 26.5 ms, Swin V2-T's 79.6 against 106.1 ms and 31.4 against
+ * 42.4 ms. The outputs are the same bits. */
+static inline void store_bf16(uint16_t *p, vf x) {
+    const __m512i bits = (__m512i)ibits(x);
+    const __mmask16 subnormal = _mm512_testn_epi32_mask(bits, _mm512_set1_epi32(0x7f800000)) &
+                                _mm512_test_epi32_mask(bits, _mm512_set1_epi32(0x007fffff));
+    if (__builtin_expect(subnormal != 0, 0)) {
+        store_bf16_rounded(p, x);
+        return;
+    }
+    const __m256bh b = _mm512_cvtneps_pbh((__m512)x);
+    memcpy(p, &b, sizeof(b));
+}
+#else
+static inline void store_bf16(uint16_t *p, vf x) { store_bf16_rounded(p, x); }
+#endif
 
 #endif

@@ -100,6 +100,35 @@ def test_every_isa_build_within_the_bounds(isa, rows, c):
     assert torch.equal(out[0][0], out[1][0])  # rows are independent: dx does not depend on the threads
 
 
+@pytest.mark.parametrize('isa', ['AVX512_BF16', 'AVX512', 'AVX2', 'DEFAULT'])
+def test_bf16_stores_round_to_nearest_even_subnormals_included(isa):
+    """Constant rows normalise to exactly ``beta`` in fp32 (``x - mean`` is 0), so the stored bf16 bits must be
+    ``beta``'s rounding to nearest even, as torch's conversion gives it: subnormal values included (the AVX512_BF16
+    build's conversion instruction treats them as zero, so it must not serve a vector holding one), ties to even,
+    NaN kept NaN. 64 channels: vectors of only normal values, of normal values with one subnormal lane, of only
+    subnormal values, of ties and NaN, in every build's vector width."""
+    fwd = isa_kernel('layer_norm', isa, 'mmplugin_layer_norm_bf16', _FWD)
+    g = torch.Generator().manual_seed(3)
+    normal = torch.randn(16, generator=g) * 100
+    one_tiny = torch.randn(16, generator=g)
+    one_tiny[5] = 3.3e-39  # an fp32 subnormal whose rounding is not zero
+    tiny = torch.rand(16, generator=g) * 1.1e-38 * torch.where(torch.arange(16) % 2 == 0, 1.0, -1.0)
+    ties = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 2 ** -126 * (1 + 2 ** -8), float('nan'),
+                         float('inf'), -float('inf'), 0.0, -2.0 ** -130, 3.0e38, 1 + 2 ** -9, 1 + 2 ** -8 + 2 ** -20,
+                         1e-45, -1e-45, 65504.0, 7.0])
+    beta = torch.cat([normal, one_tiny, tiny, ties])
+    c, rows = beta.numel(), 3
+    x = torch.full((rows, c), 1.5).bfloat16()
+    y = torch.empty_like(x)
+    assert fwd(x.data_ptr(), torch.ones(c).data_ptr(), beta.data_ptr(), 1e-5, rows, c, y.data_ptr(), None, None,
+               2) == 0
+    want = beta.to(torch.bfloat16).expand(rows, c)
+    nan = want.isnan()
+    assert torch.equal(y.isnan(), nan)
+    assert torch.equal(y[~nan].view(torch.int16), want[~nan].view(torch.int16))
+    assert (want.view(torch.int16)[0, 16:48] & 0x7f80 == 0).sum() > 16  # the subnormal vectors store subnormals
+
+
 _ADD = [_P, _P, _P, ctypes.c_float, _I, _I, _P, _P, ctypes.c_int]
 
 

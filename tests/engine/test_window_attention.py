@@ -152,10 +152,11 @@ def test_cosine_attention_on_amx_tiles_or_vector_dot_products():
             q, k, v, pos, mask, logit, ref, bound = _cosine_case(dtype, dtype == torch.bfloat16)
             bw, heads, n, d = q.shape
             cosine = logit.reshape(heads).contiguous()
+            entry = isa_kernel('window_attention', 'AVX512_BF16', f'mmplugin_window_attention_{suffix}', wa._ARGS)
             for amx in (False, True) if native_amx() and dtype == torch.bfloat16 else (False, ):
                 assert wa.set_amx(lib, amx) == amx
                 out = torch.empty(bw, n, heads * d, dtype=dtype)
-                assert getattr(lib, f'mmplugin_window_attention_{suffix}')(
+                assert entry(
                     q.data_ptr(), k.data_ptr(), v.data_ptr(), *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
                     pos.data_ptr(), mask.data_ptr(), cosine.data_ptr(), 3, heads, n, d, 1.0, out.data_ptr(), None,
                     None, 0, 2, 0, bw) == 0
