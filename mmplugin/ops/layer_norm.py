@@ -80,9 +80,9 @@ def add_applies(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor
     """Whether :func:`layer_norm_add` serves ``residual + LayerNorm(x)``: eager, plain contiguous non-empty fp32 or
     bf16 CPU ``x`` and ``residual`` of one shape and dtype, fp32 contiguous ``weight`` and ``bias`` of the last
     dimension's size, and a built kernel."""
-    return (x.dtype in _ADD_SUFFIX and residual.dtype == x.dtype and residual.shape == x.shape
-            and plain_cpu(residual) and residual.device.type == 'cpu' and residual.is_contiguous()
-            and _serves(x, weight, bias))
+    return (_serves(x, weight, bias) and x.dtype in _ADD_SUFFIX and residual.dtype == x.dtype
+            and residual.shape == x.shape and plain_cpu(residual) and residual.device.type == 'cpu'
+            and residual.is_contiguous())
 
 
 def layer_norm_add(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,

@@ -9,13 +9,15 @@
  * 4.8 ms in fp32.
  *
  * Tiles of TILE x TILE elements (4 KiB of fp32: a tile's source and destination lines stay in L1), in source-row-major
- * order so that consecutive tiles read on along the same source rows. Within a tile, square blocks of as many
- * elements as a vector holds (16 x 16 fp32 or 32 x 32 bf16 in AVX-512 builds) are transposed in registers: each row
- * loaded as one vector, log2(lanes) rounds of two-vector shuffles, each row stored as one vector; the elements beyond
- * the last whole block of a tile are copied one by one. The register blocks replaced one-by-one copies inside the
+ * order so that consecutive tiles read on along the same source rows. In AVX-512 builds, square blocks within a tile
+ * (4 x 4 fp32, 32 x 32 bf16: a 128-bit and a 512-bit vector per row) are transposed in registers: each row loaded as
+ * one vector, log2(lanes) rounds of two-vector shuffles, each row stored as one vector. The elements beyond the last
+ * whole block of a tile (all of them in the other builds) are copied one by one: 4-byte elements destination row by
+ * destination row (contiguous writes), 2-byte elements source row by source row (contiguous reads), each measured the
+ * faster for its size, both directions of Swin-T's maps. The register blocks replaced one-by-one copies inside the
  * tiles: the four Swin-T stage outputs at 800x1216 ((H*W, C) 60800 x 96 down to 950 x 768), 2 threads of an AMD EPYC
- * family 25 model 17, against the element copies (two runs, interleaved): fp32 5.4-6.4 against 7.2-8.4 ms, bf16
- * 1.7-2.1 against 6.5-9.2 ms (ATen 11.4-13.3 / 7.3-8.5 ms; a plain copy of the same bytes 1.1-1.3 / 0.3-0.4 ms).
+ * family 25 model 17, against the element copies (four runs, interleaved): fp32 5.4-6.4 against 6.7-8.4 ms, bf16
+ * 1.7-2.1 against 5.9-9.2 ms (ATen 11.4-13.3 / 7.3-8.5 ms; a plain copy of the same bytes 1.1-1.3 / 0.3-0.4 ms).
  * The tiles are split over `threads` OpenMP threads (each writes its own tiles). Returns 0. */
 #include <stdint.h>
 #include <string.h>
@@ -48,7 +50,7 @@
     }
 
 #if VW >= 16 /* AVX-512 builds: a two-vector shuffle of 16-bit lanes is one instruction (vpermt2w) */
-#define B32 4        /* fp32 blocks of 4 x 4 (on the Zen 4 above faster than 8 x 8 and 16 x 16: 5.95 against 8.0 ms) */
+#define B32 4        /* fp32 blocks of 4 x 4 (on the Zen 4 above: 5.95 ms, 8 x 8 8.03 ms, 16 x 16 7.96 ms, elements 8.16) */
 #define B16 (2 * VW) /* bf16 blocks of 32 x 32 */
 SQUARE(square_b32, uint32_t, B32)
 SQUARE(square_b16, uint16_t, B16)
@@ -58,7 +60,16 @@ SQUARE(square_b16, uint16_t, B16)
 #define B16 1
 #endif
 
-#define TRANSPOSE(SUFFIX, T, N)                                                                                     \
+/* the [ia, ib) x [ja, jb) elements of a tile one by one, destination rows outer (WRITE_ROWS) or source rows outer */
+#define COPY(WRITE_ROWS, ia, ib, ja, jb)                                                                            \
+    if (WRITE_ROWS)                                                                                                 \
+        for (int64_t j = (ja); j < (jb); j++)                                                                       \
+            for (int64_t i = (ia); i < (ib); i++) d[j * rows + i] = s[i * cols + j];                                \
+    else                                                                                                            \
+        for (int64_t i = (ia); i < (ib); i++)                                                                       \
+            for (int64_t j = (ja); j < (jb); j++) d[j * rows + i] = s[i * cols + j];
+
+#define TRANSPOSE(SUFFIX, T, N, WRITE_ROWS)                                                                         \
     int mmplugin_transpose_##SUFFIX(const T *src, T *dst, int64_t batch, int64_t rows, int64_t cols, int threads) { \
         const int64_t tr = (rows + TILE - 1) / TILE, tc = (cols + TILE - 1) / TILE, tiles = batch * tr * tc;        \
         _Pragma("omp parallel for schedule(static) num_threads(threads)") for (int64_t t = 0; t < tiles; t++) {     \
@@ -68,8 +79,8 @@ SQUARE(square_b16, uint16_t, B16)
             const T *s = src + b * rows * cols;                                                                     \
             T *d = dst + b * rows * cols;                                                                           \
             BLOCKS_##SUFFIX                                                                                         \
-            for (int64_t i = i0; i < i1; i++) /* the rest of the tile: its last columns, then its last rows */     \
-                for (int64_t j = i < iv ? jv : j0; j < j1; j++) d[j * rows + i] = s[i * cols + j];                  \
+            COPY(WRITE_ROWS, i0, iv, jv, j1) /* the rest of the tile: the last columns of the blocks' rows */        \
+            COPY(WRITE_ROWS, iv, i1, j0, j1) /* and its last rows */                                                \
         }                                                                                                           \
         return 0;                                                                                                   \
     }
@@ -86,5 +97,5 @@ SQUARE(square_b16, uint16_t, B16)
 #define BLOCKS_b32 BLOCKS(b32, B32)
 #define BLOCKS_b16 BLOCKS(b16, B16)
 
-TRANSPOSE(b32, uint32_t, B32)
-TRANSPOSE(b16, uint16_t, B16)
+TRANSPOSE(b32, uint32_t, B32, 1)
+TRANSPOSE(b16, uint16_t, B16, 0)

@@ -1,5 +1,6 @@
-/* Vector helpers shared by the plugin's C kernels (window_attention.c, gelu.c, layer_norm.c): GCC vector-extension types of
- * MMP_VW fp32 lanes (16 for AVX-512 builds, 8 for AVX2, 4 otherwise, set by the build), a broadcast, bit casts,
+/* Vector helpers shared by the plugin's C kernels (window_attention.c, gelu.c, layer_norm.c, transpose.c): GCC
+ * vector-extension types of MMP_VW fp32 lanes (16 for AVX-512 builds, 8 for AVX2, 4 otherwise, set by the build), a
+ * broadcast, bit casts,
  * exp for non-positive arguments, NaN-keeping maxima, horizontal reductions and the bf16 <-> fp32 conversions; the
  * OpenMP thread number and the per-type name suffix macro. */
 #ifndef MMP_VECTOR_MATH_H

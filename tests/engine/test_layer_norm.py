@@ -102,31 +102,40 @@ def test_every_isa_build_within_the_bounds(isa, rows, c):
 
 @pytest.mark.parametrize('isa', ['AVX512_BF16', 'AVX512', 'AVX2', 'DEFAULT'])
 def test_bf16_stores_round_to_nearest_even_subnormals_included(isa):
-    """Constant rows normalise to exactly ``beta`` in fp32 (``x - mean`` is 0), so the stored bf16 bits must be
-    ``beta``'s rounding to nearest even, as torch's conversion gives it: subnormal values included (the AVX512_BF16
-    build's conversion instruction treats them as zero, so it must not serve a vector holding one), ties to even,
-    NaN kept NaN. 64 channels: vectors of only normal values, of normal values with one subnormal lane, of only
-    subnormal values, of ties and NaN, in every build's vector width."""
+    """Constant rows normalise to exactly ``beta`` in fp32 (``x - mean`` is 0, and ``0 * rstd * 1 + beta`` is
+    ``beta``'s bits), so the stored bf16 bits must be ``beta``'s rounding to nearest even as torch's conversion gives
+    it, NaN excepted: a NaN keeps its sign and payload's upper bits, made quiet, ``(bits >> 16) | 0x40``. The
+    AVX512_BF16 build's conversion instruction treats subnormal inputs as zero, so a vector holding one must take the
+    integer rounding. 64 channels, four vectors of 16 (as many AVX2 / generic vectors of 8 / 4): only normal values;
+    normal values with one subnormal lane; only subnormal values; ties, NaN payloads, infinities and values that round
+    up to infinity, with no subnormal, so that in the AVX512_BF16 build the instruction's own rounding meets them."""
     fwd = isa_kernel('layer_norm', isa, 'mmplugin_layer_norm_bf16', _FWD)
     g = torch.Generator().manual_seed(3)
     normal = torch.randn(16, generator=g) * 100
     one_tiny = torch.randn(16, generator=g)
     one_tiny[5] = 3.3e-39  # an fp32 subnormal whose rounding is not zero
     tiny = torch.rand(16, generator=g) * 1.1e-38 * torch.where(torch.arange(16) % 2 == 0, 1.0, -1.0)
-    ties = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 2 ** -126 * (1 + 2 ** -8), float('nan'),
-                         float('inf'), -float('inf'), 0.0, -2.0 ** -130, 3.0e38, 1 + 2 ** -9, 1 + 2 ** -8 + 2 ** -20,
-                         1e-45, -1e-45, 65504.0, 7.0])
-    beta = torch.cat([normal, one_tiny, tiny, ties])
+    tiny[:3] = torch.tensor([-2.0 ** -130, 1e-45, -1e-45])
+    special = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 2 ** -126 * (1 + 2 ** -8), 0.0, float('inf'),
+                            -float('inf'), 0.0, 1.0, 3.0e38, 1 + 2 ** -9, 1 + 2 ** -8 + 2 ** -20, 0.0, 0.0, 65504.0,
+                            7.0])
+    bits = special.view(torch.int32)
+    bits[4] = 0x7F800001  # a signalling NaN with payload 1
+    bits[7] = 0xFFA12345 - (1 << 32)  # a negative NaN with a payload in its upper bits
+    bits[12] = 0x7F7FFFFF  # the largest finite fp32 value and a tie just below it: both round up to infinity
+    bits[13] = 0x7F7F8000
+    beta = torch.cat([normal, one_tiny, tiny, special])
     c, rows = beta.numel(), 3
     x = torch.full((rows, c), 1.5).bfloat16()
     y = torch.empty_like(x)
     assert fwd(x.data_ptr(), torch.ones(c).data_ptr(), beta.data_ptr(), 1e-5, rows, c, y.data_ptr(), None, None,
                2) == 0
-    want = beta.to(torch.bfloat16).expand(rows, c)
-    nan = want.isnan()
-    assert torch.equal(y.isnan(), nan)
-    assert torch.equal(y[~nan].view(torch.int16), want[~nan].view(torch.int16))
-    assert (want.view(torch.int16)[0, 16:48] & 0x7f80 == 0).sum() > 16  # the subnormal vectors store subnormals
+    want = beta.to(torch.bfloat16).view(torch.int16).clone()
+    nan = beta.isnan()
+    want[nan] = ((beta.view(torch.int32)[nan] >> 16) | 0x40).to(torch.int16)
+    assert torch.equal(y.view(torch.int16), want.expand(rows, c))
+    assert nan.sum() == 2 and want[60:62].eq(0x7F80).all()  # the cases are what they are meant to be
+    assert (want[16:48] & 0x7F80 == 0).sum() > 16  # the subnormal vectors store subnormals
 
 
 _ADD = [_P, _P, _P, ctypes.c_float, _I, _I, _P, _P, ctypes.c_int]

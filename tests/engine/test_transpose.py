@@ -25,7 +25,8 @@ def _source(batch, rows, cols, dtype):
 
 @pytest.mark.parametrize('isa', ['AVX512_BF16', 'AVX512', 'AVX2', 'DEFAULT'])
 @pytest.mark.parametrize('dtype', [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize('shape', [(1, 60, 96), (3, 97, 33), (2, 1, 70), (1, 31, 1), (2, 64, 32), (2, 130, 67)])
+@pytest.mark.parametrize('shape', [(1, 60, 96), (3, 97, 33), (2, 1, 70), (1, 31, 1), (2, 64, 32), (2, 130, 67),
+                                   (2, 37, 45)])
 @pytest.mark.parametrize('threads', [1, 3])
 def test_bits_equal_atens_copy(isa, dtype, shape, threads):
     """Every ISA build: the destination holds the source's bits transposed, whatever the tile remainders."""
