@@ -16,9 +16,10 @@
  * 1 in absolute terms, as the fp32 result needs. exp(-z^2) serves phi too. Elements: fp32 (suffix f32) or bf16 bits
  * (suffix bf16: widened to fp32, computed in fp32, rounded to nearest even once on the store).
  *
- * Non-finite values where PyTorch's vectorised fp32 and bf16 CPU kernels put them: NaN stays NaN; h = +inf gives
- * dh = NaN (the formula's g * (1 + inf * 0)) and act = NaN (the formula, float64 and PyTorch's scalar loop, which
- * serves tensors shorter than a vector, give inf), h = -inf NaN for both.
+ * Non-finite values where PyTorch's vectorised fp32 and bf16 CPU kernels for the same ISA put them: NaN stays NaN;
+ * h = +inf gives dh = NaN (the formula's g * (1 + inf * 0)) and act = NaN in AVX-512 builds, as PyTorch's AVX-512
+ * kernels, inf in the others, as its AVX2 and generic kernels, the formula and float64 (and PyTorch's scalar loop,
+ * which serves tensors shorter than a vector); h = -inf NaN for both.
  *
  * Layout: h, g, dh, act contiguous, n elements each; dh may be g itself (elementwise, in place). Parallel: OpenMP
  * over blocks of elements, on torch's intra-op threads (see build.py). Returns 0. */
@@ -55,8 +56,12 @@ static inline vf gelu_and_slope(vf x, vf *act) {
     const vi near = az < splat(1.0f);
     const vf erf = vbits((near & ibits(small)) | (~near & ibits(large)));
     const vf cdf = splat(0.5f) * (splat(1.0f) + erf);
-    const vi pinf = x == splat(__builtin_inff()); /* GELU(+inf): NaN, as PyTorch's vectorised kernels */
+#if VW >= 16 /* GELU(+inf): NaN, as PyTorch's AVX-512 kernels give it */
+    const vi pinf = x == splat(__builtin_inff());
     *act = vbits((~pinf & ibits(x * cdf)) | (pinf & ibits(splat(__builtin_nanf("")))));
+#else /* inf, as the formula and PyTorch's AVX2 and generic kernels give it */
+    *act = x * cdf;
+#endif
     return cdf + x * (splat(0.398942280401432678f) * e);
 }
 
