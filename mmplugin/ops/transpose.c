@@ -26,34 +26,11 @@
 
 #define TILE 32
 
-/* An N x N block of T values transposed through N vectors of N lanes: dst[c * ds + r] = src[r * ss + c]. Round b
- * swaps the off-diagonal b x b sub-blocks between rows i and i + b (bits moved, never computed). */
-#define SQUARE(NAME, T, N)                                                                                           \
-    static inline void NAME(const T *src, int64_t ss, T *dst, int64_t ds) {                                          \
-        typedef T vt __attribute__((vector_size(N * sizeof(T))));                                                    \
-        vt r[N];                                                                                                     \
-        for (int i = 0; i < N; i++) memcpy(&r[i], src + i * ss, sizeof(vt));                                         \
-        for (int b = N / 2; b >= 1; b /= 2) {                                                                        \
-            vt lo, hi; /* lane j of row i: its own or row i + b's lane j - b; of row i + b: row i's j + b or its own */ \
-            for (int j = 0; j < N; j++) {                                                                            \
-                lo[j] = (T)(j & b ? N + j - b : j);                                                                  \
-                hi[j] = (T)(j & b ? N + j : j + b);                                                                  \
-            }                                                                                                        \
-            for (int i = 0; i < N; i++)                                                                              \
-                if (!(i & b)) {                                                                                      \
-                    const vt x = r[i], y = r[i + b];                                                                 \
-                    r[i] = __builtin_shuffle(x, y, lo);                                                              \
-                    r[i + b] = __builtin_shuffle(x, y, hi);                                                          \
-                }                                                                                                    \
-        }                                                                                                            \
-        for (int i = 0; i < N; i++) memcpy(dst + i * ds, &r[i], sizeof(vt));                                         \
-    }
-
 #if VW >= 16 /* AVX-512 builds: a two-vector shuffle of 16-bit lanes is one instruction (vpermt2w) */
 #define B32 4        /* fp32 blocks of 4 x 4 (on the Zen 4 above: 5.95 ms, 8 x 8 8.03 ms, 16 x 16 7.96 ms, elements 8.16) */
 #define B16 (2 * VW) /* bf16 blocks of 32 x 32 */
-SQUARE(square_b32, uint32_t, B32)
-SQUARE(square_b16, uint16_t, B16)
+SQUARE_TRANSPOSE(square_b32, uint32_t, B32)
+SQUARE_TRANSPOSE(square_b16, uint16_t, B16)
 #else /* AVX2 and generic builds: register blocks measured slower than the element copies (AVX2 on the same Zen 4: fp32
        * 8.8-9.5 against 8.4 ms, bf16 7.3 against 5.2 ms), so no blocks */
 #define B32 1

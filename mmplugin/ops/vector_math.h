@@ -1,8 +1,7 @@
 /* Vector helpers shared by the plugin's C kernels (window_attention.c, gelu.c, layer_norm.c, transpose.c): GCC
  * vector-extension types of MMP_VW fp32 lanes (16 for AVX-512 builds, 8 for AVX2, 4 otherwise, set by the build), a
- * broadcast, bit casts,
- * exp for non-positive arguments, NaN-keeping maxima, horizontal reductions and the bf16 <-> fp32 conversions; the
- * OpenMP thread number and the per-type name suffix macro. */
+ * broadcast, bit casts, exp for non-positive arguments, NaN-keeping maxima, horizontal reductions, the bf16 <-> fp32
+ * conversions and square transposes in registers; the OpenMP thread number and the per-type name suffix macro. */
 #ifndef MMP_VECTOR_MATH_H
 #define MMP_VECTOR_MATH_H
 #ifdef _OPENMP
@@ -170,5 +169,31 @@ static inline void store_bf16(uint16_t *p, vf x) {
 #else
 static inline void store_bf16(uint16_t *p, vf x) { store_bf16_rounded(p, x); }
 #endif
+
+/* SQUARE_TRANSPOSE(NAME, T, N) defines NAME(src, ss, dst, ds): an N x N block of unsigned integers T (the bits of
+ * fp32 or bf16 values, moved, never computed: NaN payloads and signed zeros kept) transposed through N vectors of N
+ * lanes, dst[c * ds + r] = src[r * ss + c] (row strides ss, ds in elements). Round b swaps the off-diagonal b x b
+ * sub-blocks of rows i and i + b, so log2(N) rounds of two-vector shuffles (one vpermt2d / vpermt2w each in AVX-512
+ * builds). */
+#define SQUARE_TRANSPOSE(NAME, T, N)                                                                                 \
+    static inline void NAME(const T *src, int64_t ss, T *dst, int64_t ds) {                                          \
+        typedef T vt __attribute__((vector_size(N * sizeof(T))));                                                    \
+        vt r[N];                                                                                                     \
+        for (int i = 0; i < N; i++) memcpy(&r[i], src + i * ss, sizeof(vt));                                         \
+        for (int b = N / 2; b >= 1; b /= 2) {                                                                        \
+            vt lo, hi; /* lane j of row i: its own or row i + b's lane j - b; of row i + b: row i's j + b or its own */ \
+            for (int j = 0; j < N; j++) {                                                                            \
+                lo[j] = (T)(j & b ? N + j - b : j);                                                                  \
+                hi[j] = (T)(j & b ? N + j : j + b);                                                                  \
+            }                                                                                                        \
+            for (int i = 0; i < N; i++)                                                                              \
+                if (!(i & b)) {                                                                                      \
+                    const vt x = r[i], y = r[i + b];                                                                 \
+                    r[i] = __builtin_shuffle(x, y, lo);                                                              \
+                    r[i + b] = __builtin_shuffle(x, y, hi);                                                          \
+                }                                                                                                    \
+        }                                                                                                            \
+        for (int i = 0; i < N; i++) memcpy(dst + i * ds, &r[i], sizeof(vt));                                         \
+    }
 
 #endif

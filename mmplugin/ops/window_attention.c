@@ -84,26 +84,7 @@ static inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * 
 /* *dst = *src for one 32-bit value, as bits (NaN payloads and bf16 pairs pass as they are) */
 static inline void move32(float *dst, const float *src) { memcpy(dst, src, sizeof(float)); }
 
-/* A VW x VW block of 32-bit values transposed, dst[c * ds + r] = src[r * ss + c]: log2(VW) rounds, each swapping the
- * off-diagonal sub-blocks of its size between pairs of rows with two-vector shuffles (bits moved, never computed). */
-static inline void transpose_square(const float *src, int64_t ss, float *dst, int64_t ds) {
-    vf r[VW];
-    for (int i = 0; i < VW; i++) r[i] = load_f32(src + i * ss);
-    for (int b = VW / 2; b >= 1; b /= 2) {
-        vi lo, hi; /* lane j of row i: row i's own or row i + b's lane j - b; of row i + b: row i's j + b or its own */
-        for (int j = 0; j < VW; j++) {
-            lo[j] = j & b ? VW + j - b : j;
-            hi[j] = j & b ? VW + j : j + b;
-        }
-        for (int i = 0; i < VW; i++)
-            if (!(i & b)) {
-                const vf x = r[i], y = r[i + b];
-                r[i] = __builtin_shuffle(x, y, lo);
-                r[i + b] = __builtin_shuffle(x, y, hi);
-            }
-    }
-    for (int i = 0; i < VW; i++) store_f32(dst + i * ds, r[i]);
-}
+SQUARE_TRANSPOSE(transpose_square, uint32_t, VW) /* VW x VW 32-bit values in registers */
 
 /* A rows x cols matrix of 32-bit values (row stride ss) transposed into dst (row stride ds): the packed keys' columns
  * from their rows (and the gradient's values'), VW x VW blocks in registers where they fit, single values at the
@@ -112,7 +93,8 @@ static void transpose_values(const float *src, int64_t rows, int64_t cols, int64
     int64_t r0 = 0;
     for (; r0 + VW <= rows; r0 += VW) {
         int64_t c0 = 0;
-        for (; c0 + VW <= cols; c0 += VW) transpose_square(src + r0 * ss + c0, ss, dst + c0 * ds + r0, ds);
+        for (; c0 + VW <= cols; c0 += VW)
+            transpose_square((const uint32_t *)(src + r0 * ss + c0), ss, (uint32_t *)(dst + c0 * ds + r0), ds);
         for (int64_t r = r0; r < r0 + VW; r++)
             for (int64_t c = c0; c < cols; c++) move32(dst + c * ds + r, src + r * ss + c);
     }
