@@ -24,6 +24,8 @@ from mmplugin.models.layers.fusion import (
     scale_output_,
     uses_running_stats,
 )
+from mmplugin.models.layers.recompute import recompute_applies
+from mmplugin.models.layers.recompute_conv import gelu_conv1x1
 
 __all__ = ['ConvEncoder', 'LocalRepresentation', 'ConvMlp', 'ConvNormAct', 'norm_layer']
 
@@ -50,6 +52,19 @@ def _residual_conv(y: torch.Tensor, conv: nn.Conv2d, scale: torch.Tensor | None,
     return conv_add(y, conv, x, w, b)
 
 
+def _mlp_residual(y: torch.Tensor, fc1: nn.Conv2d, fc2: nn.Conv2d, scale: torch.Tensor | None, x: torch.Tensor,
+                  drop_path: nn.Module, w1: torch.Tensor | None = None, b1: torch.Tensor | None = None) -> torch.Tensor:
+    """``x + drop_path(scale * fc2(GELU(fc1(y))))`` for 1x1 ``fc1`` / ``fc2`` (``w1`` / ``b1`` replace fc1's own,
+    e.g. with a BatchNorm folded in): fused oneDNN kernels at inference; in eager CPU training the hidden map is kept
+    once, ``GELU(h)`` recomputed in the backward (:func:`~mmplugin.models.layers.recompute_conv.gelu_conv1x1`)."""
+    w1, b1 = (fc1.weight, fc1.bias) if w1 is None else (w1, b1)
+    w2, b2 = _scaled_weights(fc2, scale)
+    if recompute_applies(y, w1, b1, w2, b2):
+        h = F.conv2d(y, w1, b1, fc1.stride, fc1.padding, fc1.dilation, fc1.groups)
+        return add_residual(drop_path(gelu_conv1x1(h, w2, b2)), x)
+    return _residual_conv(conv_act(y, fc1, 'gelu', w1, b1), fc2, scale, x, drop_path)
+
+
 class ConvEncoder(nn.Module):
     """Convolutional encoder: ``x + ls * pw2(GELU(pw1(BN(dw3x3(x)))))``. Shapes ``(B, C, H, W)`` in and out.
 
@@ -71,8 +86,8 @@ class ConvEncoder(nn.Module):
         self.drop_path = DropPath(drop_path)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = conv_act(conv_bn(x, self.dwconv, self.norm), self.pwconv1, 'gelu')
-        return _residual_conv(y, self.pwconv2, self.layer_scale, x, self.drop_path)
+        y = conv_bn(x, self.dwconv, self.norm)
+        return _mlp_residual(y, self.pwconv1, self.pwconv2, self.layer_scale, x, self.drop_path)
 
     @torch.no_grad()
     def switch_to_deploy(self) -> None:
@@ -105,10 +120,8 @@ class ConvMlp(nn.Module):
         """``x + drop_path(out_scale * fc2(GELU(fc1(BN(x)))))``; BN and scale folded at inference."""
         if uses_running_stats(self.norm1):
             w1, b1 = folded_bn_conv1x1(self.norm1, self.fc1)
-            h = conv_act(x, self.fc1, 'gelu', w1, b1)
-        else:
-            h = conv_act(self.norm1(x), self.fc1, 'gelu')
-        return _residual_conv(h, self.fc2, out_scale, x, drop_path)
+            return _mlp_residual(x, self.fc1, self.fc2, out_scale, x, drop_path, w1, b1)
+        return _mlp_residual(self.norm1(x), self.fc1, self.fc2, out_scale, x, drop_path)
 
     @torch.no_grad()
     def switch_to_deploy(self, out_scale: torch.Tensor | None) -> None:
