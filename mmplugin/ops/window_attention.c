@@ -54,9 +54,9 @@
  * faster than adding the mask to every window).
  *
  * Packing: a window's q, k, v rows are read and its output rows written a vector at a time; the keys go in by row and
- * are transposed in square register blocks (transpose_values), instead of one scalar store per key value (Swin-T's twelve fp32 calls at
- * 800x1216, each timed alone, 2 threads of an Intel Xeon family 6 model 167: 89.4 against 78.5 ms; Swin V2-T's bf16
- * calls 93.1 against 81.1 ms).
+ * are transposed in square register blocks (transpose_values), instead of one scalar store per key value (then
+ * VW x VW blocks; Swin-T's twelve fp32 calls at 800x1216, each timed alone, 2 threads of an Intel Xeon family 6
+ * model 167: 89.4 against 78.5 ms; Swin V2-T's bf16 calls 93.1 against 81.1 ms).
  *
  * Softmax rows: the exponentials of several score rows run interleaved (ROWS of them: 4 in AVX-512 builds, 2 in the
  * others; each row's chain of max, exponentials and sum is a sequence of dependent steps, and one row at a time left

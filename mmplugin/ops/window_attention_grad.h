@@ -16,13 +16,15 @@
  * Why: the batched products of the reference backward write and read the (windows, heads, N, N) probabilities and
  * their gradient through memory five times, the q, k, v operands are copied head-major for them and the three
  * gradients copied back into the projection's layout; here one window's heads are packed once into the thread's
- * cache and their five products, the softmax and its gradient run there, and the gradients are written straight into
- * the qkv projection's layout. The heads are packed in one pass over the window's token rows, every head into a slot
- * of its own (a row's heads lie side by side), then attended one after the other: packing a head at a time re-read
- * a few lines of every token row per head. On an AMD EPYC family 25 model 17 (Zen 4), 2 threads, the twelve
- * gradient calls of a training step at 512x768, batch 2, against a pass per head (interleaved, 9-15 rounds): Swin-T
- * fp32 181-191 against 192-204 ms, bf16 level (138-148 against 138-154 ms); Swin V2-T fp32 217-247 against 277-326
- * ms (its q and k now normalised a vector at a time), bf16 level (178-184 against 171-192 ms).
+ * scratch (about 28 KB per head of 32 dims in 7 x 7 windows: Swin-T's 24-head stage 4 about 0.9 MB, within a core's
+ * L2 on the CPUs measured) and their five products, the softmax and its gradient run there, and the gradients are
+ * written straight into the qkv projection's layout. The heads are packed in one pass over the window's token rows,
+ * every head into a slot of its own (a row's heads lie side by side), then attended one after the other: packing a
+ * head at a time re-read a few lines of every token row per head. On an AMD EPYC family 25 model 17 (Zen 4), 2
+ * threads, the twelve gradient calls of a training step at 512x768, batch 2, against a pass per head (interleaved,
+ * 9-15 rounds): Swin-T fp32 181-191 against 192-204 ms, bf16 level (138-148 against 138-154 ms); Swin V2-T fp32
+ * 217-247 against 277-326 ms (its q and k now normalised a vector at a time), bf16 level (178-184 against 171-192
+ * ms).
  *
  * Layouts (contiguous; qkv, g, pad and dqkv of type T, the rest fp32): qkv and dqkv are (windows, N, 3, heads, d), the fused projection's output and its
  * gradient (q, k, v of token i, head h at columns h * d, C + h * d, 2C + h * d of row i, C = heads * d); g, the
@@ -129,7 +131,8 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
             for (int64_t h = 0; h < heads; h++) {
                 const float sh = cosine == NULL ? scale : scale * cosine[h];
                 float *qs = buf + slots_at + h * slot, *go = qs + nq * dp, *kr = go + nq * dp, *vr = kr + np * dp;
-                float *qh = vr + n * d, *qnrm = qh + nq * dp, *knrm = qnrm + nq;
+                float *qh = cosine == NULL ? NULL : vr + n * d, *qnrm = cosine == NULL ? NULL : qh + nq * dp,
+                      *knrm = cosine == NULL ? NULL : qnrm + nq; /* the cosine attention's, in its slots only */
                 const T *src = (t < 0 ? pad : qkv + t * row) + h * d, *gi = t < 0 ? NULL : g + t * c + h * d;
                 float qi = 1.0f, ki = 1.0f; /* divisors: F.normalize's max(|x|, 1e-12) for the cosine attention */
                 if (cosine != NULL) { /* sums of squares in the forward kernel's order: vectors, then the rest */
@@ -176,7 +179,8 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
         for (int64_t h = 0; h < heads; h++) {
             const float sh = cosine == NULL ? scale : scale * cosine[h];
             float *qs = buf + slots_at + h * slot, *go = qs + nq * dp, *kr = go + nq * dp, *vr = kr + np * dp;
-            float *qh = vr + n * d, *qnrm = qh + nq * dp, *knrm = qnrm + nq;
+            float *qh = cosine == NULL ? NULL : vr + n * d, *qnrm = cosine == NULL ? NULL : qh + nq * dp,
+                  *knrm = cosine == NULL ? NULL : qnrm + nq;
             transpose_values(kr, n, d, dp, kt, np); /* keys and values transposed, columns beyond n staying zero */
             transpose_values(vr, n, d, d, vt, np);
             const float *ph = pos + h * n * n;

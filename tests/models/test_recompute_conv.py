@@ -48,27 +48,36 @@ def test_backward_equals_autograd_whichever_gradients_are_asked(frozen):
         assert rel_err(a, b) <= FP64_PARITY
 
 
+CL, NCHW = torch.channels_last, torch.contiguous_format
+
+
 @pytest.mark.skipif(not gelu_kernel_available(), reason='no C compiler for the GELU kernel')
-@pytest.mark.parametrize('memory_format', [torch.channels_last, torch.contiguous_format])
-def test_fp32_gradients_through_the_kernel_against_float64(memory_format, monkeypatch):
-    """fp32, where the GELU kernel computes GELU's gradient and GELU(h) in one pass (the maps' memory as it is:
-    channels_last or NCHW): each gradient within fp32 parity of the float64 formulation, and the kernel really ran
-    (once, with GELU(h) asked for)."""
+@pytest.mark.parametrize('shape, h_format, w_format', [
+    ((2, 64, 9, 11), CL, CL), ((2, 64, 9, 11), NCHW, NCHW),
+    # C == H == W: a channels_last map has an NCHW map's shape and strides once viewed channels-last, so only the
+    # strides of the tensors themselves tell the layouts apart
+    ((2, 8, 8, 8), CL, CL), ((2, 8, 8, 8), NCHW, NCHW), ((2, 8, 8, 8), NCHW, CL), ((2, 8, 8, 8), CL, NCHW)])
+def test_fp32_gradients_through_the_kernel_against_float64(shape, h_format, w_format, monkeypatch):
+    """fp32, where the GELU kernel computes GELU's gradient and GELU(h) in one pass over the maps' memory as it is:
+    each gradient within fp32 parity of the float64 formulation, whatever the two tensors' memory formats, and the
+    kernel ran (once, with GELU(h) asked for) where the map and its gradient share their layout."""
     from mmplugin.ops import gelu as gelu_ops
     calls = []
     real = recompute_conv.gelu_grad
     monkeypatch.setattr(recompute_conv, 'gelu_grad', lambda *a, **k: calls.append(k.get('act')) or real(*a, **k))
     assert gelu_ops.available()
-    h64, w64, b64 = _f64(2, 64, 9, 11, seed=3), _f64(24, 64, 1, 1, seed=4), _f64(24, seed=5)
-    g64 = torch.randn(2, 24, 9, 11, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
+    b_, c, hh, ww = shape
+    h64, w64, b64 = _f64(*shape, seed=3), _f64(24, c, 1, 1, seed=4), _f64(24, seed=5)
+    g64 = torch.randn(b_, 24, hh, ww, dtype=torch.float64, generator=torch.Generator().manual_seed(6))
     want = torch.autograd.grad(F.conv2d(F.gelu(h64), w64, b64), (h64, w64, b64), g64)
-    h = h64.detach().float().to(memory_format=memory_format).requires_grad_()
-    w = w64.detach().float().to(memory_format=memory_format).requires_grad_()
+    h = h64.detach().float().to(memory_format=h_format).requires_grad_()
+    w = w64.detach().float().to(memory_format=w_format).requires_grad_()
     b = b64.detach().float().requires_grad_()
     out = recompute_conv.gelu_conv1x1(h, w, b)
     assert out.grad_fn.name().endswith('_GeluConv1x1Backward')
-    got = torch.autograd.grad(out, (h, w, b), g64.float().to(memory_format=memory_format))
-    assert calls == [True]
+    got = torch.autograd.grad(out, (h, w, b), g64.float().to(memory_format=h_format))
+    if h_format == w_format:
+        assert calls == [True]
     for a, e in zip(got, want):
         assert rel_err(a.double(), e) <= FP32_PARITY
 

@@ -10,9 +10,10 @@ computes erf again. The convolutions are the same calls autograd makes (``aten.c
 weight parts asked for separately), so they run on the same kernels.
 
 Applies as :func:`mmplugin.models.layers.recompute.recompute_applies` says (eager CPU training in float32 / float64,
-no autocast, not traced or compiled) to a 1x1 convolution with stride 1, no padding and one group; elsewhere the
-plain ops run. The forward is the plain ops' bit for bit; the backward differs by the GELU kernel's erf (a few fp32
-ulps) where it runs.
+no autocast, not traced or compiled) to a ``(N, K, 1, 1)`` weight; elsewhere the plain ops run. It computes
+``F.conv2d`` with its defaults (stride 1, no padding, one group): callers hand it only such convolutions. The
+forward is the plain ops' bit for bit; the backward differs by the GELU kernel's erf (a few fp32 ulps) where it
+runs.
 """
 from __future__ import annotations
 
@@ -27,29 +28,30 @@ from mmplugin.ops.gelu import gelu_grad
 __all__ = ['gelu_conv1x1']
 
 
-def _pixels(t: torch.Tensor) -> torch.Tensor | None:
-    """``t`` ``(B, C, H, W)`` as a contiguous view of its memory (channels_last: ``(B, H, W, C)``), or None."""
+def _pixels(t: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
+    """``t`` ``(B, C, H, W)`` as a contiguous view of its memory and whether that view is permuted (channels_last:
+    ``(B, H, W, C)``), or None where neither layout is contiguous. NCHW is tried first: where both layouts are
+    contiguous (C, H and W such that the strides coincide, e.g. one of them 1) the memory order is the same."""
     if t.is_contiguous():
-        return t
+        return t, False
     if t.is_contiguous(memory_format=torch.channels_last):
-        return t.permute(0, 2, 3, 1)
+        return t.permute(0, 2, 3, 1), True
     return None
 
 
-def _gelu_and_grad(h: torch.Tensor, d_a: torch.Tensor, act: bool) -> torch.Tensor | None:
+def _kernel_gelu(h: torch.Tensor, d_a: torch.Tensor, act: bool) -> tuple[bool, torch.Tensor | None]:
     """GELU's gradient into ``d_a`` in place (``d_a * GELU'(h)``) and, with ``act``, ``GELU(h)`` in ``h``'s layout,
-    from one pass of the kernel; returns ``GELU(h)`` or None. Raises nothing: the caller checked the layouts."""
+    from one pass of the kernel over the two maps' memory. The element-by-element pairing needs the same memory
+    order for both: the same strides (shapes alike, so a (B, C, H, W) map with C == H == W cannot be taken for its
+    channels_last twin). Returns ``(ran, GELU(h) or None)``; ``ran`` False leaves ``d_a`` untouched."""
     hv, gv = _pixels(h), _pixels(d_a)
-    _, a = gelu_grad(hv, gv, act=act, out=gv)
-    if a is None:
-        return None
-    return a if a.shape == h.shape else a.permute(0, 3, 1, 2)
-
-
-def _same_layout(h: torch.Tensor, d_a: torch.Tensor) -> bool:
-    """The kernel can run on the two maps' memory as they are: one contiguous layout, the same strides."""
-    hv, gv = _pixels(h), _pixels(d_a)
-    return hv is not None and gv is not None and hv.stride() == gv.stride() and gelu_kernel_applies(hv)
+    if hv is None or gv is None or h.stride() != d_a.stride() or not gelu_kernel_applies(hv[0]):
+        return False, None
+    out = gelu_grad(hv[0], gv[0], act=act, out=gv[0])
+    if out is None:
+        return False, None
+    a = out[1]
+    return True, None if a is None else (a.permute(0, 3, 1, 2) if hv[1] else a)
 
 
 class _GeluConv1x1(torch.autograd.Function):
@@ -73,16 +75,17 @@ class _GeluConv1x1(torch.autograd.Function):
         d_h = act = None
         if need[0]:  # fc2's input gradient (its values do not depend on the input: h stands in for GELU(h))
             d_h = torch.ops.aten.convolution_backward(grad, h, weight, bias_sizes, *geometry, [True, False, False])[0]
-            if _same_layout(h, d_h):
-                act = _gelu_and_grad(h, d_h, need[1])
-            else:
+            ran, act = _kernel_gelu(h, d_h, bool(need[1]))
+            if not ran:
                 act = F.gelu(h) if need[1] else None
                 torch.ops.aten.gelu_backward.grad_input(d_h, h, grad_input=d_h)  # elementwise: in place is exact
         d_w = d_b = None
-        if need[1] or (need[2] and ctx.has_bias):
+        if need[1]:
             act = F.gelu(h) if act is None else act
-            mask = [False, bool(need[1]), bool(need[2] and ctx.has_bias)]
+            mask = [False, True, bool(need[2] and ctx.has_bias)]
             _, d_w, d_b = torch.ops.aten.convolution_backward(grad, act, weight, bias_sizes, *geometry, mask)
+        elif need[2] and ctx.has_bias:  # the bias alone: the output gradient summed, no GELU(h) needed
+            d_b = grad.sum((0, 2, 3))
         return d_h, d_w, d_b
 
 

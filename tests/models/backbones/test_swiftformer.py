@@ -300,7 +300,8 @@ def test_norm_cfg_syncbn_and_gn_out_norms():
     assert [o.shape[1] for o in outs] == [48, 56, 112, 220]
 
 
-def test_training_gradients_equal_the_official_formulation(monkeypatch):
+@pytest.mark.parametrize('hw', [(96, 128), (192, 192)])  # 192: stage 1's 48 x 48 maps of 48 channels (C == H == W)
+def test_training_gradients_equal_the_official_formulation(hw, monkeypatch):
     """A training step's parameter gradients (train-mode BatchNorms, layer scales, random weights) equal those of
     the official formulation run in float64 with the same weights, with every MLP's hidden map kept once
     (mmplugin.models.layers.recompute_conv) on the plugin's side: the gradients as a whole within fp32 parity, each
@@ -313,7 +314,7 @@ def test_training_gradients_equal_the_official_formulation(monkeypatch):
     ref = _fresh_out_norms(_reference('xs', seed=2)).double().train()
     model = SwiftFormer('xs').train()
     model.load_state_dict(convert_swiftformer(ref.state_dict())[0])
-    x = torch.randn(2, 3, 96, 128, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(2, 3, *hw, generator=torch.Generator().manual_seed(0))
     weights = [torch.randn(o.shape, dtype=torch.float64) for o in ref(x.double())]
     sum((o * w).sum() for o, w in zip(ref(x.double()), weights)).backward()
     sum((o * w.float()).sum() for o, w in zip(model(x), weights)).backward()
