@@ -78,6 +78,18 @@ static inline __attribute__((always_inline)) void softmax_grad_rows(const int R,
     for (int r = 0; r < R; r++)
         for (int64_t j = 0; j < n; j++) acc[r * n + j] += ds[r * np + j];
 }
+/* One head's slot of the gradient's scratch (see the layout there): the packed q (times its scale), the output's
+ * gradient, k and v by row, and for the cosine attention (cosine != 0) the normalised q and the norms, else NULL. */
+typedef struct {
+    float *qs, *go, *kr, *vr, *qh, *qnrm, *knrm;
+} head_slot;
+
+static inline head_slot slot_of(float *base, int64_t nq, int64_t np, int64_t n, int64_t d, int64_t dp, int cosine) {
+    head_slot s;
+    s.qs = base, s.go = s.qs + nq * dp, s.kr = s.go + nq * dp, s.vr = s.kr + np * dp;
+    s.qh = cosine ? s.vr + n * d : NULL, s.qnrm = cosine ? s.qh + nq * dp : NULL, s.knrm = cosine ? s.qnrm + nq : NULL;
+    return s;
+}
 /* Token i of window w: its row in qkv / g / dqkv (the window layout's own row, or the map row through rows), or -1
  * for a padding token of the map layout. */
 static inline int64_t token_row(const int64_t *rows, int64_t w, int64_t i, int64_t nw, int64_t n, int64_t img_rows) {
@@ -130,9 +142,8 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
             const int64_t t = token_row(rows, w, i, nw, n, img_rows);
             for (int64_t h = 0; h < heads; h++) {
                 const float sh = cosine == NULL ? scale : scale * cosine[h];
-                float *qs = buf + slots_at + h * slot, *go = qs + nq * dp, *kr = go + nq * dp, *vr = kr + np * dp;
-                float *qh = cosine == NULL ? NULL : vr + n * d, *qnrm = cosine == NULL ? NULL : qh + nq * dp,
-                      *knrm = cosine == NULL ? NULL : qnrm + nq; /* the cosine attention's, in its slots only */
+                const head_slot hs = slot_of(buf + slots_at + h * slot, nq, np, n, d, dp, cosine != NULL);
+                float *qs = hs.qs, *go = hs.go, *kr = hs.kr, *vr = hs.vr, *qh = hs.qh, *qnrm = hs.qnrm, *knrm = hs.knrm;
                 const T *src = (t < 0 ? pad : qkv + t * row) + h * d, *gi = t < 0 ? NULL : g + t * c + h * d;
                 float qi = 1.0f, ki = 1.0f; /* divisors: F.normalize's max(|x|, 1e-12) for the cosine attention */
                 if (cosine != NULL) { /* sums of squares in the forward kernel's order: vectors, then the rest */
@@ -178,9 +189,8 @@ int CAT(mmplugin_window_attention_grad_, SUFFIX)(const T *qkv, const T *g, const
         }
         for (int64_t h = 0; h < heads; h++) {
             const float sh = cosine == NULL ? scale : scale * cosine[h];
-            float *qs = buf + slots_at + h * slot, *go = qs + nq * dp, *kr = go + nq * dp, *vr = kr + np * dp;
-            float *qh = cosine == NULL ? NULL : vr + n * d, *qnrm = cosine == NULL ? NULL : qh + nq * dp,
-                  *knrm = cosine == NULL ? NULL : qnrm + nq;
+            const head_slot hs = slot_of(buf + slots_at + h * slot, nq, np, n, d, dp, cosine != NULL);
+            float *qs = hs.qs, *go = hs.go, *kr = hs.kr, *vr = hs.vr, *qh = hs.qh, *qnrm = hs.qnrm, *knrm = hs.knrm;
             transpose_values(kr, n, d, dp, kt, np); /* keys and values transposed, columns beyond n staying zero */
             transpose_values(vr, n, d, d, vt, np);
             const float *ph = pos + h * n * n;

@@ -218,12 +218,18 @@ def conv_act(x: torch.Tensor, conv: nn.Conv2d, act: str, weight: torch.Tensor | 
     return _act(F.conv2d(x, w, b, conv.stride, conv.padding, conv.dilation, conv.groups), act)
 
 
+def plain_1x1(conv: nn.Conv2d) -> bool:
+    """``conv`` is a dense 1x1 convolution with ``F.conv2d``'s defaults otherwise (stride 1, no padding or
+    dilation, one group): a linear over the pixels."""
+    return (tuple(conv.kernel_size) == (1, 1) and conv.groups == 1 and tuple(conv.stride) == (1, 1)
+            and tuple(conv.dilation) == (1, 1) and conv.padding in ((0, 0), 'valid'))
+
+
 def _tokens(x: torch.Tensor, conv: nn.Conv2d, w: torch.Tensor) -> torch.Tensor | None:
     """``x`` ``(B, C, H, W)`` as the ``(B, H, W, C)`` view of its memory where ``conv`` (weight ``w``) is a dense 1x1
     convolution (stride 1, no padding, one group) and ``x`` is a channels_last map: the convolution is then a linear
     over the pixels, which runs on oneDNN's linear and takes a prepacked weight (:mod:`.prepack`); None otherwise."""
-    if (x.dim() == 4 and w.dim() == 4 and tuple(w.shape[2:]) == (1, 1) and conv.groups == 1
-            and tuple(conv.stride) == (1, 1) and tuple(conv.dilation) == (1, 1) and conv.padding in ((0, 0), 'valid')
+    if (x.dim() == 4 and w.dim() == 4 and tuple(w.shape[2:]) == (1, 1) and plain_1x1(conv)
             and x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] == w.shape[1]
             and x.stride(1) == 1):  # channels innermost (with one channel both layouts pass the check above)
         return x.permute(0, 2, 3, 1)

@@ -21,6 +21,7 @@ from mmplugin.models.layers.fusion import (
     folded_bn_conv1x1,
     fuse_bn_conv1x1,
     fuse_conv_bn,
+    plain_1x1,
     scale_output_,
     uses_running_stats,
 )
@@ -52,22 +53,15 @@ def _residual_conv(y: torch.Tensor, conv: nn.Conv2d, scale: torch.Tensor | None,
     return conv_add(y, conv, x, w, b)
 
 
-def _plain_1x1(conv: nn.Conv2d) -> bool:
-    """``conv`` is a 1x1 convolution with stride 1, no padding or dilation and one group: ``F.conv2d``'s defaults."""
-    return (conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv.padding in ((0, 0), 'valid')
-            and conv.dilation == (1, 1) and conv.groups == 1)
-
-
 def _mlp_residual(y: torch.Tensor, fc1: nn.Conv2d, fc2: nn.Conv2d, scale: torch.Tensor | None, x: torch.Tensor,
                   drop_path: nn.Module, w1: torch.Tensor | None = None, b1: torch.Tensor | None = None) -> torch.Tensor:
     """``x + drop_path(scale * fc2(GELU(fc1(y))))`` for 1x1 ``fc1`` / ``fc2`` (``w1`` / ``b1`` replace fc1's own,
     e.g. with a BatchNorm folded in): fused oneDNN kernels at inference; in eager CPU training the hidden map is kept
     once, ``GELU(h)`` recomputed in the backward (:func:`~mmplugin.models.layers.recompute_conv.gelu_conv1x1`)."""
     w1, b1 = (fc1.weight, fc1.bias) if w1 is None else (w1, b1)
-    w2, b2 = _scaled_weights(fc2, scale)
-    if _plain_1x1(fc2) and recompute_applies(y, w1, b1, w2, b2):
+    if plain_1x1(fc2) and recompute_applies(y, w1, b1, fc2.weight, fc2.bias, scale):
         h = F.conv2d(y, w1, b1, fc1.stride, fc1.padding, fc1.dilation, fc1.groups)
-        return add_residual(drop_path(gelu_conv1x1(h, w2, b2)), x)
+        return add_residual(drop_path(gelu_conv1x1(h, *_scaled_weights(fc2, scale))), x)
     return _residual_conv(conv_act(y, fc1, 'gelu', w1, b1), fc2, scale, x, drop_path)
 
 
